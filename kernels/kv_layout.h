@@ -1,0 +1,131 @@
+#pragma once
+
+// The byte layout of a KV page and the page *view* shared by the CPU reference and the CUDA
+// kernels. docs/kv-format.md is the normative description; this header is its code form.
+//
+// A page holds `page_tokens` consecutive tokens of one sequence for every layer and KV head,
+// keys and values. It is a 64-byte header followed by blocks, one per (layer, K|V, kv head):
+//
+//   block index b = (layer * 2 + kind) * num_kv_heads + kv_head      kind: 0 = K, 1 = V
+//   BF16 block  : bf16   [page_tokens][head_dim]
+//   INT2 block  : uint8  codes  [page_tokens][head_dim / 4]
+//                 fp16   params [page_tokens][head_dim / group_size][2]   {scale, offset}
+//
+// All multi-byte fields are little-endian. Block sizes are multiples of 128 bytes for the
+// supported shapes, so every block starts 64-byte aligned when the page does.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/numeric.h"
+
+namespace kvstrata::kernels {
+
+inline constexpr int kPageHeaderBytes = 64;
+inline constexpr uint32_t kPageMagic = 0x4750564bu;  // "KVPG" read as a little-endian u32
+inline constexpr uint16_t kPageFormatVersion = 1;
+
+// How the blocks of a page are encoded. Values are part of the on-wire format.
+enum class PageEncoding : uint8_t {
+  kBf16 = 1,          // sink and recent-window pages
+  kInt2Uniform = 2,   // history: asymmetric min-max INT2, levels {0, 1, 2, 3}
+  kInt2LloydMax = 3,  // history: mean/std INT2 with Gaussian Lloyd-Max levels
+};
+
+// Shape of the KV cache of one model. Fixed per engine; every page of a namespace shares it.
+struct KvGeometry {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;    // 64 or 128
+  int group_size = 0;  // channels per (scale, offset) pair; divides head_dim, multiple of 16
+  int page_tokens = 64;
+};
+
+KV_HOST_DEVICE bool IsInt2(PageEncoding e) {
+  return e == PageEncoding::kInt2Uniform || e == PageEncoding::kInt2LloydMax;
+}
+
+KV_HOST_DEVICE int64_t Int2CodeBytesPerToken(const KvGeometry& g) { return g.head_dim / 4; }
+KV_HOST_DEVICE int64_t Int2GroupsPerToken(const KvGeometry& g) { return g.head_dim / g.group_size; }
+
+KV_HOST_DEVICE int64_t BlockBytes(const KvGeometry& g, PageEncoding e) {
+  if (IsInt2(e)) {
+    return int64_t{g.page_tokens} * (Int2CodeBytesPerToken(g) + Int2GroupsPerToken(g) * 4);
+  }
+  return int64_t{g.page_tokens} * g.head_dim * 2;
+}
+
+KV_HOST_DEVICE int64_t NumBlocks(const KvGeometry& g) {
+  return int64_t{g.num_layers} * 2 * g.num_kv_heads;
+}
+
+KV_HOST_DEVICE int64_t PageBytes(const KvGeometry& g, PageEncoding e) {
+  return kPageHeaderBytes + NumBlocks(g) * BlockBytes(g, e);
+}
+
+KV_HOST_DEVICE int64_t BlockOffset(const KvGeometry& g, PageEncoding e, int layer, int kind,
+                                   int kv_head) {
+  const int64_t b = (int64_t{layer} * 2 + kind) * g.num_kv_heads + kv_head;
+  return kPageHeaderBytes + b * BlockBytes(g, e);
+}
+
+// The fixed 64-byte page header. Plain bytes so it can be memcpy'd from the wire.
+struct PageHeader {
+  uint32_t magic;     // kPageMagic
+  uint16_t version;   // kPageFormatVersion
+  uint8_t encoding;   // PageEncoding
+  uint8_t reserved0;  // 0
+  uint16_t page_tokens;
+  uint16_t num_layers;
+  uint16_t num_kv_heads;
+  uint16_t head_dim;
+  uint16_t group_size;     // 0 for BF16 pages
+  uint16_t reserved1;      // 0
+  uint32_t page_index;     // position of the page in its sequence (first token = index * tokens)
+  uint64_t body_bytes;     // bytes after the header
+  uint8_t key[16];         // radix hash of this page (docs/hashing.md)
+  uint8_t parent_key[16];  // radix hash of the previous page, or the namespace key for page 0
+};
+static_assert(sizeof(PageHeader) == kPageHeaderBytes, "page header must be 64 bytes");
+static_assert(offsetof(PageHeader, body_bytes) == 24, "page header layout");
+static_assert(offsetof(PageHeader, key) == 32, "page header layout");
+
+// Reconstruction levels of the INT2 codes: x = offset + scale * levels[code].
+struct Int2Levels {
+  float v[4];
+};
+inline constexpr Int2Levels kUniformLevels = {{0.0f, 1.0f, 2.0f, 3.0f}};
+// Centroids of the 4-level Lloyd-Max quantiser of a unit Gaussian.
+inline constexpr Int2Levels kGaussianLloydMaxLevels = {{-1.5104f, -0.4528f, 0.4528f, 1.5104f}};
+
+// Spelled out rather than returning the constants above so device code can call it.
+KV_HOST_DEVICE Int2Levels LevelsFor(PageEncoding e) {
+  if (e == PageEncoding::kInt2LloydMax) return Int2Levels{{-1.5104f, -0.4528f, 0.4528f, 1.5104f}};
+  return Int2Levels{{0.0f, 1.0f, 2.0f, 3.0f}};
+}
+
+// One segment (sink, history or recent) of the KV cache of a batch of sequences, as pages in a
+// pool. Sequence b owns pages indices[indptr[b] .. indptr[b+1]); all are full except the last,
+// which holds last_page_len[b] tokens (1..page_tokens). A sequence with no pages in this segment
+// has indptr[b] == indptr[b+1]. Pages of one segment share one encoding and one pool.
+struct PagedSegmentView {
+  const uint8_t* pool = nullptr;           // slot s starts at pool + s * slot_stride
+  int64_t slot_stride = 0;                 // bytes; >= PageBytes(geometry, encoding)
+  const int32_t* indptr = nullptr;         // [batch + 1]
+  const int32_t* indices = nullptr;        // [indptr[batch]] pool slot ids
+  const int32_t* last_page_len = nullptr;  // [batch]
+  PageEncoding encoding = PageEncoding::kBf16;
+
+  KV_HOST_DEVICE int num_pages(int b) const { return indptr[b + 1] - indptr[b]; }
+  KV_HOST_DEVICE int num_tokens(int b, int page_tokens) const {
+    const int n = num_pages(b);
+    return n == 0 ? 0 : (n - 1) * page_tokens + last_page_len[b];
+  }
+  KV_HOST_DEVICE const uint8_t* block(const KvGeometry& g, int b, int page, int layer, int kind,
+                                      int kv_head) const {
+    const int64_t slot = indices[indptr[b] + page];
+    return pool + slot * slot_stride + BlockOffset(g, encoding, layer, kind, kv_head);
+  }
+};
+
+}  // namespace kvstrata::kernels
