@@ -36,7 +36,8 @@ function(kv_cc_test)
     set(KV_TIMEOUT 300)
   endif()
   set_tests_properties(${KV_NAME} PROPERTIES LABELS "${_labels}" TIMEOUT ${KV_TIMEOUT}
-    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} SKIP_RETURN_CODE 77)
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR} SKIP_RETURN_CODE 77
+    ENVIRONMENT "KVSTRATA_MODEL=${KVSTRATA_DEFAULT_MODEL};KVSTRATA_TEST_PYTHON=${KVSTRATA_TEST_PYTHON}")
   if("gpu" IN_LIST _labels)
     # GoogleTest exits 0 when every test skips itself; report that as skipped, not passed.
     set_tests_properties(${KV_NAME} PROPERTIES SKIP_REGULAR_EXPRESSION "Skipped\nno CUDA device")

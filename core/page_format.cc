@@ -59,6 +59,10 @@ absl::Status ValidateGeometry(const KvGeometry& g, PageEncoding encoding) {
                                                    " for head_dim=", g.head_dim,
                                                    " (a multiple of 16 that divides head_dim)"));
   }
+  if (kernels::IsInt2(encoding) && g.page_tokens != 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_tokens=", g.page_tokens, " is unsupported for INT2 pages (64)"));
+  }
   return absl::OkStatus();
 }
 
@@ -106,7 +110,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodePage(const PageSpec& spec, std::span<
         const float* src = kv.data() + b * rows;
         if (kernels::IsInt2(spec.encoding)) {
           const float ratio = clip_ratios.empty() ? 1.0f : clip_ratios[b];
-          kernels::EncodeInt2Block(src, g.page_tokens, g, ratio, spec.encoding, block);
+          kernels::EncodeInt2Block(src, g.page_tokens, g, ratio, spec.encoding, kind, block);
         } else {
           kernels::EncodeBf16Block(src, g.page_tokens, g, block);
         }
@@ -220,7 +224,8 @@ absl::Status DecodePage(const PageRef& page, std::span<float> kv) {
         const uint8_t* block =
             page.bytes.data() + kernels::BlockOffset(g, page.encoding, l, kind, head);
         if (kernels::IsInt2(page.encoding)) {
-          kernels::DecodeInt2Block(block, g.page_tokens, g, page.encoding, kv.data() + b * rows);
+          kernels::DecodeInt2Block(block, g.page_tokens, g, page.encoding, kind,
+                                   kv.data() + b * rows);
         } else {
           kernels::DecodeBf16Block(block, g.page_tokens, g, kv.data() + b * rows);
         }

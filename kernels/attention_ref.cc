@@ -50,8 +50,8 @@ void PartialAttentionRef(const float* q, const KvGeometry& g, const PagedSegment
     const uint8_t* kb = segment.block(g, b, page, layer, /*kind=*/0, kv_head);
     const uint8_t* vb = segment.block(g, b, page, layer, /*kind=*/1, kv_head);
     if (IsInt2(segment.encoding)) {
-      DecodeInt2Block(kb, tokens, g, segment.encoding, k.data());
-      DecodeInt2Block(vb, tokens, g, segment.encoding, v.data());
+      DecodeInt2Block(kb, tokens, g, segment.encoding, /*kind=*/0, k.data());
+      DecodeInt2Block(vb, tokens, g, segment.encoding, /*kind=*/1, v.data());
     } else {
       DecodeBf16Block(kb, tokens, g, k.data());
       DecodeBf16Block(vb, tokens, g, v.data());

@@ -100,12 +100,12 @@ void FakeQuantRotatedInt2(const float* x, int64_t n, int d, int group, const flo
                           float clip_ratio, PageEncoding encoding, float* y) {
   std::vector<float> rotated(n * d), deq(n * d);
   ApplyRotation(x, n, d, r, rotated.data());
-  std::vector<uint8_t> packed(d / 4);
+  std::vector<uint8_t> codes(d);
   std::vector<uint16_t> params(2 * (d / group));
   for (int64_t t = 0; t < n; ++t) {
-    QuantizeRowInt2(rotated.data() + t * d, d, group, clip_ratio, encoding, packed.data(),
+    QuantizeRowInt2(rotated.data() + t * d, d, group, clip_ratio, encoding, codes.data(),
                     params.data());
-    DequantizeRowInt2(packed.data(), params.data(), d, group, encoding, deq.data() + t * d);
+    DequantizeRowInt2(codes.data(), params.data(), d, group, encoding, deq.data() + t * d);
   }
   ApplyRotationTransposed(deq.data(), n, d, r, y);
 }

@@ -90,6 +90,37 @@ static_assert(sizeof(PageHeader) == kPageHeaderBytes, "page header must be 64 by
 static_assert(offsetof(PageHeader, body_bytes) == 24, "page header layout");
 static_assert(offsetof(PageHeader, key) == 32, "page header layout");
 
+// Where each 2-bit code sits (docs/kv-format.md §4, "Code layout"). The layouts follow the
+// register fragments of the tensor-core mma.m16n8k16 instruction, so the decode kernel turns
+// a loaded 32-bit word into fp16 pairs with one logic op each and no shuffles:
+//  * within a word, pair p (0..7) holds its two codes at bits 2p and 16 + 2p;
+//  * K rows: channel c of a token lives in that token's row of head_dim/4 bytes;
+//  * V blocks: codes are arranged per 64-token block so that one thread's words hold the codes
+//    of consecutive token pairs (the mma reduces over tokens when it multiplies by V).
+// Both functions return a bit index: byte = bit / 8 (little-endian words), shift = bit % 8.
+
+// Bit of channel c (0 <= c < head_dim) within a K token row.
+KV_HOST_DEVICE int KCodeBit(int c, int head_dim) {
+  const int s = c / 16, r = c % 16;
+  const int t = (r % 8) / 2, hi = r / 8, elem = r % 2;
+  const int word = t * (head_dim / 64) + s / 4;
+  const int pair = 2 * (s % 4) + hi;
+  return word * 32 + 16 * elem + 2 * pair;
+}
+
+// Bit of (token, channel) within the code area of a V block of 64 tokens.
+KV_HOST_DEVICE int VCodeBit(int token, int c, int head_dim) {
+  const int ks = token / 16, rt = token % 16;
+  const int t = (rt % 8) / 2, token_half = rt / 8, elem = rt % 2;
+  const int mb = c / 16, rc = c % 16;
+  const int g = rc % 8, row_half = rc / 8;
+  const int u = 2 * mb + row_half;  // the thread's u-th channel, 0 .. head_dim/8 - 1
+  const int slot = (ks * 2 + token_half) * (head_dim / 64) + u / 8;
+  const int lane = 4 * g + t;
+  const int word = ((slot / 4) * 32 + lane) * 4 + slot % 4;
+  return word * 32 + 16 * elem + 2 * (u % 8);
+}
+
 // Reconstruction levels of the INT2 codes: x = offset + scale * levels[code].
 struct Int2Levels {
   float v[4];

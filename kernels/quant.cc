@@ -61,80 +61,95 @@ void QuantizeGroupInt2(const float* x, int n, float clip_ratio, PageEncoding enc
   }
 }
 
-void PackGroupCodes(const uint8_t* codes, int n, uint8_t* packed) {
-  const int quarter = n / 4;
-  for (int j = 0; j < quarter; ++j) {
-    packed[j] =
-        static_cast<uint8_t>((codes[j] & 3) | (codes[j + quarter] & 3) << 2 |
-                             (codes[j + 2 * quarter] & 3) << 4 | (codes[j + 3 * quarter] & 3) << 6);
-  }
-}
-
-void UnpackGroupCodes(const uint8_t* packed, int n, uint8_t* codes) {
-  const int quarter = n / 4;
-  for (int j = 0; j < quarter; ++j) {
-    for (int k = 0; k < 4; ++k) codes[j + k * quarter] = (packed[j] >> (2 * k)) & 3;
-  }
-}
-
 void QuantizeRowInt2(const float* row, int head_dim, int group_size, float clip_ratio,
-                     PageEncoding encoding, uint8_t* packed, uint16_t* params) {
-  uint8_t codes[128];
+                     PageEncoding encoding, uint8_t* codes, uint16_t* params) {
   for (int g = 0; g * group_size < head_dim; ++g) {
-    QuantizeGroupInt2(row + g * group_size, group_size, clip_ratio, encoding, codes, &params[2 * g],
-                      &params[2 * g + 1]);
-    PackGroupCodes(codes, group_size, packed + g * group_size / 4);
+    QuantizeGroupInt2(row + g * group_size, group_size, clip_ratio, encoding,
+                      codes + g * group_size, &params[2 * g], &params[2 * g + 1]);
   }
 }
 
-void DequantizeRowInt2(const uint8_t* packed, const uint16_t* params, int head_dim, int group_size,
+void DequantizeRowInt2(const uint8_t* codes, const uint16_t* params, int head_dim, int group_size,
                        PageEncoding encoding, float* row) {
   const Int2Levels levels = LevelsFor(encoding);
-  uint8_t codes[128];
-  for (int g = 0; g * group_size < head_dim; ++g) {
-    UnpackGroupCodes(packed + g * group_size / 4, group_size, codes);
-    const float s = Fp16ToFloat(params[2 * g]);
-    const float m = Fp16ToFloat(params[2 * g + 1]);
-    for (int i = 0; i < group_size; ++i) row[g * group_size + i] = m + s * levels.v[codes[i]];
+  for (int c = 0; c < head_dim; ++c) {
+    const int g = c / group_size;
+    row[c] = Fp16ToFloat(params[2 * g + 1]) + Fp16ToFloat(params[2 * g]) * levels.v[codes[c] & 3];
   }
 }
 
 namespace {
 
-struct Int2BlockParts {
-  uint8_t* codes;
-  uint8_t* params;  // fp16 pairs, possibly unaligned: accessed through memcpy
-};
-
-Int2BlockParts Int2Parts(uint8_t* block, const KvGeometry& g) {
-  return {block, block + int64_t{g.page_tokens} * Int2CodeBytesPerToken(g)};
+void PutCode(uint8_t* packed, int bit, uint8_t code) {
+  packed[bit / 8] =
+      static_cast<uint8_t>((packed[bit / 8] & ~(3 << (bit % 8))) | (code & 3) << (bit % 8));
 }
+
+uint8_t GetCode(const uint8_t* packed, int bit) { return (packed[bit / 8] >> (bit % 8)) & 3; }
+
+constexpr int kInt2PageTokens = 64;  // the V layout is defined over 64-token blocks
 
 }  // namespace
 
+void PackKRow(const uint8_t* codes, int head_dim, uint8_t* packed) {
+  for (int c = 0; c < head_dim; ++c) PutCode(packed, KCodeBit(c, head_dim), codes[c]);
+}
+
+void UnpackKRow(const uint8_t* packed, int head_dim, uint8_t* codes) {
+  for (int c = 0; c < head_dim; ++c) codes[c] = GetCode(packed, KCodeBit(c, head_dim));
+}
+
+void PackVBlock(const uint8_t* codes, int head_dim, uint8_t* packed) {
+  for (int t = 0; t < kInt2PageTokens; ++t) {
+    for (int c = 0; c < head_dim; ++c) {
+      PutCode(packed, VCodeBit(t, c, head_dim), codes[t * head_dim + c]);
+    }
+  }
+}
+
+void UnpackVBlock(const uint8_t* packed, int head_dim, uint8_t* codes) {
+  for (int t = 0; t < kInt2PageTokens; ++t) {
+    for (int c = 0; c < head_dim; ++c)
+      codes[t * head_dim + c] = GetCode(packed, VCodeBit(t, c, head_dim));
+  }
+}
+
 void EncodeInt2Block(const float* rows, int num_tokens, const KvGeometry& g, float clip_ratio,
-                     PageEncoding encoding, uint8_t* block) {
-  const Int2BlockParts parts = Int2Parts(block, g);
-  const int64_t code_bytes = Int2CodeBytesPerToken(g);
+                     PageEncoding encoding, int kind, uint8_t* block) {
+  const int d = g.head_dim;
   const int64_t groups = Int2GroupsPerToken(g);
+  uint8_t* codes_area = block;
+  uint8_t* params_area = block + int64_t{g.page_tokens} * Int2CodeBytesPerToken(g);
+  uint8_t codes[kInt2PageTokens * 128] = {};
   uint16_t params[2 * 128 / 16];
   for (int t = 0; t < num_tokens; ++t) {
-    QuantizeRowInt2(rows + int64_t{t} * g.head_dim, g.head_dim, g.group_size, clip_ratio, encoding,
-                    parts.codes + t * code_bytes, params);
-    std::memcpy(parts.params + t * groups * 4, params, groups * 4);
+    QuantizeRowInt2(rows + int64_t{t} * d, d, g.group_size, clip_ratio, encoding, codes + t * d,
+                    params);
+    std::memcpy(params_area + t * groups * 4, params, groups * 4);
+  }
+  if (kind == 0) {
+    for (int t = 0; t < g.page_tokens; ++t) PackKRow(codes + t * d, d, codes_area + t * (d / 4));
+  } else {
+    PackVBlock(codes, d, codes_area);
   }
 }
 
 void DecodeInt2Block(const uint8_t* block, int num_tokens, const KvGeometry& g,
-                     PageEncoding encoding, float* rows) {
-  const Int2BlockParts parts = Int2Parts(const_cast<uint8_t*>(block), g);
-  const int64_t code_bytes = Int2CodeBytesPerToken(g);
+                     PageEncoding encoding, int kind, float* rows) {
+  const int d = g.head_dim;
   const int64_t groups = Int2GroupsPerToken(g);
+  const uint8_t* codes_area = block;
+  const uint8_t* params_area = block + int64_t{g.page_tokens} * Int2CodeBytesPerToken(g);
+  uint8_t codes[kInt2PageTokens * 128];
   uint16_t params[2 * 128 / 16];
+  if (kind == 0) {
+    for (int t = 0; t < num_tokens; ++t) UnpackKRow(codes_area + t * (d / 4), d, codes + t * d);
+  } else {
+    UnpackVBlock(codes_area, d, codes);
+  }
   for (int t = 0; t < num_tokens; ++t) {
-    std::memcpy(params, parts.params + t * groups * 4, groups * 4);
-    DequantizeRowInt2(parts.codes + t * code_bytes, params, g.head_dim, g.group_size, encoding,
-                      rows + int64_t{t} * g.head_dim);
+    std::memcpy(params, params_area + t * groups * 4, groups * 4);
+    DequantizeRowInt2(codes + t * d, params, d, g.group_size, encoding, rows + int64_t{t} * d);
   }
 }
 

@@ -27,25 +27,28 @@ float ClipThreshold(const float* x, int n, float ratio);
 void QuantizeGroupInt2(const float* x, int n, float clip_ratio, PageEncoding encoding,
                        uint8_t* codes, uint16_t* scale_fp16, uint16_t* offset_fp16);
 
-// 4 codes per byte. Within a group of n channels, byte j holds channels j, j + n/4, j + n/2
-// and j + 3n/4 at bits 0-1, 2-3, 4-5 and 6-7. The quarter layout lets a kernel unpack four
-// runs of consecutive channels with one shift and mask each.
-void PackGroupCodes(const uint8_t* codes, int n, uint8_t* packed);
-void UnpackGroupCodes(const uint8_t* packed, int n, uint8_t* codes);
-
-// Quantises a row of head_dim values into packed codes [head_dim / 4] and params
-// [head_dim / group_size][2] fp16 {scale, offset}.
+// Quantises a row of head_dim values into unpacked codes [head_dim] (0..3, channel order) and
+// params [head_dim / group_size][2] fp16 {scale, offset}.
 void QuantizeRowInt2(const float* row, int head_dim, int group_size, float clip_ratio,
-                     PageEncoding encoding, uint8_t* packed, uint16_t* params);
-void DequantizeRowInt2(const uint8_t* packed, const uint16_t* params, int head_dim, int group_size,
+                     PageEncoding encoding, uint8_t* codes, uint16_t* params);
+void DequantizeRowInt2(const uint8_t* codes, const uint16_t* params, int head_dim, int group_size,
                        PageEncoding encoding, float* row);
 
-// Whole blocks of a page (one layer, K or V, one KV head): rows [num_tokens][head_dim], with
-// num_tokens <= page_tokens (the rest of the block is left as is).
+// Packing into the page layout (kv_layout.h: KCodeBit, VCodeBit). `codes` are unpacked,
+// [head_dim] for a K row, [64][head_dim] for a V block; packed areas are head_dim/4 bytes per
+// token. Packing overwrites every bit of its destination.
+void PackKRow(const uint8_t* codes, int head_dim, uint8_t* packed);
+void UnpackKRow(const uint8_t* packed, int head_dim, uint8_t* codes);
+void PackVBlock(const uint8_t* codes, int head_dim, uint8_t* packed);
+void UnpackVBlock(const uint8_t* packed, int head_dim, uint8_t* codes);
+
+// Whole blocks of a page (one layer, K or V (kind 0 or 1), one KV head): rows
+// [num_tokens][head_dim], num_tokens <= page_tokens. INT2 blocks need page_tokens == 64; the
+// codes of tokens past num_tokens are written as 0.
 void EncodeInt2Block(const float* rows, int num_tokens, const KvGeometry& g, float clip_ratio,
-                     PageEncoding encoding, uint8_t* block);
+                     PageEncoding encoding, int kind, uint8_t* block);
 void DecodeInt2Block(const uint8_t* block, int num_tokens, const KvGeometry& g,
-                     PageEncoding encoding, float* rows);
+                     PageEncoding encoding, int kind, float* rows);
 void EncodeBf16Block(const float* rows, int num_tokens, const KvGeometry& g, uint8_t* block);
 void DecodeBf16Block(const uint8_t* block, int num_tokens, const KvGeometry& g, float* rows);
 

@@ -88,8 +88,8 @@ void RunCase(const Case& c, uint32_t seed) {
               for (auto& v : rows) v = normal(rng) * (kind == 0 ? 2.0f : 1.0f);
               uint8_t* block = page.data() + BlockOffset(g, pool.encoding, l, kind, h);
               if (IsInt2(pool.encoding)) {
-                EncodeInt2Block(rows.data(), len, g, 0.96f, pool.encoding, block);
-                DecodeInt2Block(block, len, g, pool.encoding, deq.data());
+                EncodeInt2Block(rows.data(), len, g, 0.96f, pool.encoding, kind, block);
+                DecodeInt2Block(block, len, g, pool.encoding, kind, deq.data());
               } else {
                 EncodeBf16Block(rows.data(), len, g, block);
                 DecodeBf16Block(block, len, g, deq.data());

@@ -42,8 +42,9 @@ TEST(Int2DequantGpu, MatchesCpuReference) {
           for (int64_t b = 0; b < NumBlocks(g); ++b) {
             for (auto& v : rows) v = normal(rng);
             uint8_t* block = pages.data() + p * stride + kPageHeaderBytes + b * BlockBytes(g, e);
-            EncodeInt2Block(rows.data(), 64, g, 0.96f, e, block);
-            DecodeInt2Block(block, 64, g, e,
+            const int kind = static_cast<int>(b / g.num_kv_heads) % 2;
+            EncodeInt2Block(rows.data(), 64, g, 0.96f, e, kind, block);
+            DecodeInt2Block(block, 64, g, e, kind,
                             expect.data() + (p * NumBlocks(g) + b) * 64 * head_dim);
           }
         }

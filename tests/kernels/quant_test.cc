@@ -4,39 +4,69 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 namespace kvstrata::kernels {
 namespace {
 
-TEST(Pack, RoundTripsEveryCodeInEveryPosition) {
-  std::mt19937 rng(1);
-  for (int n : {16, 32, 64, 128}) {
-    for (int trial = 0; trial < 200; ++trial) {
-      std::vector<uint8_t> codes(n), packed(n / 4), back(n);
-      for (auto& c : codes) c = rng() & 3;
-      PackGroupCodes(codes.data(), n, packed.data());
-      UnpackGroupCodes(packed.data(), n, back.data());
-      ASSERT_EQ(codes, back);
+TEST(Layout, CodeBitsAreABijectionOntoTheCodeArea) {
+  for (int d : {64, 128}) {
+    std::vector<bool> k_seen(2 * d, false), v_seen(64 * 2 * d, false);
+    for (int c = 0; c < d; ++c) {
+      const int bit = KCodeBit(c, d);
+      ASSERT_EQ(bit % 2, 0);
+      ASSERT_LT(bit, 2 * d);
+      ASSERT_FALSE(k_seen[bit]) << "K channel " << c;
+      k_seen[bit] = true;
+    }
+    for (int t = 0; t < 64; ++t) {
+      for (int c = 0; c < d; ++c) {
+        const int bit = VCodeBit(t, c, d);
+        ASSERT_EQ(bit % 2, 0);
+        ASSERT_LT(bit, 64 * 2 * d);
+        ASSERT_FALSE(v_seen[bit]) << "V token " << t << " channel " << c;
+        v_seen[bit] = true;
+      }
     }
   }
 }
 
-TEST(Pack, QuarterLayoutIsAsDocumented) {
-  // Channel j + k*n/4 sits at bits 2k of byte j.
-  const int n = 128;
-  std::vector<uint8_t> codes(n, 0), packed(n / 4);
-  codes[5] = 1;        // byte 5, bits 0-1
-  codes[5 + 32] = 2;   // byte 5, bits 2-3
-  codes[5 + 64] = 3;   // byte 5, bits 4-5
-  codes[31 + 96] = 3;  // byte 31, bits 6-7
-  PackGroupCodes(codes.data(), n, packed.data());
-  EXPECT_EQ(packed[5], 0b00111001);
-  EXPECT_EQ(packed[31], 0b11000000);
-  for (int j = 0; j < n / 4; ++j) {
-    if (j != 5 && j != 31) {
-      EXPECT_EQ(packed[j], 0) << j;
+TEST(Layout, HandComputedPositions) {
+  // K (head_dim 128): pair p of word w holds its codes at bits 2p and 16 + 2p.
+  EXPECT_EQ(KCodeBit(0, 128), 0);    // s=0 t=0 pair 0, low element
+  EXPECT_EQ(KCodeBit(1, 128), 16);   // high element of the same pair
+  EXPECT_EQ(KCodeBit(8, 128), 2);    // the "+8" half: pair 1
+  EXPECT_EQ(KCodeBit(16, 128), 4);   // next k-step: pair 2
+  EXPECT_EQ(KCodeBit(2, 128), 64);   // thread t=1: its words start at word 2
+  EXPECT_EQ(KCodeBit(64, 128), 32);  // k-step 4 goes to the thread's second word
+  EXPECT_EQ(KCodeBit(2, 64), 32);    // head_dim 64: one word per thread
+  // V (head_dim 128): tokens pair up inside a word; lanes interleave 16-byte chunks.
+  EXPECT_EQ(VCodeBit(0, 0, 128), 0);
+  EXPECT_EQ(VCodeBit(1, 0, 128), 16);     // token 1: high element
+  EXPECT_EQ(VCodeBit(0, 8, 128), 2);      // channel 8: the thread's next channel, pair 1
+  EXPECT_EQ(VCodeBit(2, 0, 128), 128);    // tokens 2-3 belong to lane 1: word 4
+  EXPECT_EQ(VCodeBit(0, 1, 128), 512);    // channel 1 belongs to lane 4: word 16
+  EXPECT_EQ(VCodeBit(8, 0, 128), 64);     // tokens 8-9: slot 2 of lane 0
+  EXPECT_EQ(VCodeBit(16, 0, 128), 4096);  // second k-step: chunk 1 (word 128)
+  EXPECT_EQ(VCodeBit(0, 64, 128), 32);    // channels 64..127: the thread's second word
+}
+
+TEST(Pack, RoundTripsEveryCodeInEveryPosition) {
+  std::mt19937 rng(1);
+  for (int d : {64, 128}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<uint8_t> codes(d), packed(d / 4, 0xFF), back(d);
+      for (auto& c : codes) c = rng() & 3;
+      PackKRow(codes.data(), d, packed.data());
+      UnpackKRow(packed.data(), d, back.data());
+      ASSERT_EQ(codes, back);
+      std::vector<uint8_t> vcodes(64 * d), vpacked(64 * d / 4, 0xFF), vback(64 * d);
+      for (auto& c : vcodes) c = rng() & 3;
+      PackVBlock(vcodes.data(), d, vpacked.data());
+      UnpackVBlock(vpacked.data(), d, vback.data());
+      ASSERT_EQ(vcodes, vback);
     }
   }
 }
@@ -115,12 +145,12 @@ TEST(LloydMaxInt2, MseMatchesGaussianTheory) {
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<float> x(n), lm(n), uni(n);
     for (auto& v : x) v = normal(rng);
-    std::vector<uint8_t> packed(n / 4);
+    std::vector<uint8_t> codes(n);
     uint16_t params[2];
-    QuantizeRowInt2(x.data(), n, n, 1.0f, PageEncoding::kInt2LloydMax, packed.data(), params);
-    DequantizeRowInt2(packed.data(), params, n, n, PageEncoding::kInt2LloydMax, lm.data());
-    QuantizeRowInt2(x.data(), n, n, 1.0f, PageEncoding::kInt2Uniform, packed.data(), params);
-    DequantizeRowInt2(packed.data(), params, n, n, PageEncoding::kInt2Uniform, uni.data());
+    QuantizeRowInt2(x.data(), n, n, 1.0f, PageEncoding::kInt2LloydMax, codes.data(), params);
+    DequantizeRowInt2(codes.data(), params, n, n, PageEncoding::kInt2LloydMax, lm.data());
+    QuantizeRowInt2(x.data(), n, n, 1.0f, PageEncoding::kInt2Uniform, codes.data(), params);
+    DequantizeRowInt2(codes.data(), params, n, n, PageEncoding::kInt2Uniform, uni.data());
     for (int i = 0; i < n; ++i) {
       lm_err += (x[i] - lm[i]) * (x[i] - lm[i]);
       uni_err += (x[i] - uni[i]) * (x[i] - uni[i]);
@@ -131,25 +161,31 @@ TEST(LloydMaxInt2, MseMatchesGaussianTheory) {
   EXPECT_GT(uni_err / var, lm_err / var * 1.3);
 }
 
-TEST(Blocks, Int2BlockRoundTripMatchesRows) {
+TEST(Blocks, Int2BlocksRoundTripThroughTheLayout) {
   KvGeometry g{
       .num_layers = 1, .num_kv_heads = 1, .head_dim = 128, .group_size = 64, .page_tokens = 64};
   std::mt19937 rng(2);
   std::normal_distribution<float> normal;
-  std::vector<float> rows(64 * 128), back(64 * 128), row_back(128);
-  for (auto& v : rows) v = normal(rng);
-  std::vector<uint8_t> block(BlockBytes(g, PageEncoding::kInt2Uniform), 0xAB);
-  EncodeInt2Block(rows.data(), 64, g, 0.96f, PageEncoding::kInt2Uniform, block.data());
-  DecodeInt2Block(block.data(), 64, g, PageEncoding::kInt2Uniform, back.data());
-  for (int t = 0; t < 64; ++t) {
-    std::vector<uint8_t> packed(32);
-    uint16_t params[4];
-    QuantizeRowInt2(rows.data() + t * 128, 128, 64, 0.96f, PageEncoding::kInt2Uniform,
-                    packed.data(), params);
-    DequantizeRowInt2(packed.data(), params, 128, 64, PageEncoding::kInt2Uniform, row_back.data());
-    for (int i = 0; i < 128; ++i) ASSERT_EQ(back[t * 128 + i], row_back[i]);
-    // codes of token t start at t * head_dim/4, params after all codes
-    ASSERT_TRUE(std::equal(packed.begin(), packed.end(), block.begin() + t * 32));
+  for (int kind : {0, 1}) {
+    for (int tokens : {64, 37}) {
+      std::vector<float> rows(64 * 128), back(64 * 128), row_back(128);
+      for (auto& v : rows) v = normal(rng);
+      std::vector<uint8_t> block(BlockBytes(g, PageEncoding::kInt2Uniform), 0xAB);
+      EncodeInt2Block(rows.data(), tokens, g, 0.96f, PageEncoding::kInt2Uniform, kind,
+                      block.data());
+      DecodeInt2Block(block.data(), tokens, g, PageEncoding::kInt2Uniform, kind, back.data());
+      for (int t = 0; t < tokens; ++t) {
+        std::vector<uint8_t> codes(128);
+        uint16_t params[4];
+        QuantizeRowInt2(rows.data() + t * 128, 128, 64, 0.96f, PageEncoding::kInt2Uniform,
+                        codes.data(), params);
+        DequantizeRowInt2(codes.data(), params, 128, 64, PageEncoding::kInt2Uniform,
+                          row_back.data());
+        for (int i = 0; i < 128; ++i) ASSERT_EQ(back[t * 128 + i], row_back[i]) << kind;
+        // params of token t follow all codes, {scale, offset} per group
+        ASSERT_EQ(std::memcmp(block.data() + 64 * 32 + t * 8, params, 8), 0);
+      }
+    }
   }
 }
 

@@ -1,0 +1,147 @@
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "kernels/cuda/append.h"
+#include "kernels/dispatch.h"
+
+namespace kvstrata::kernels {
+
+namespace {
+
+// One CTA per (layer, KV head, K|V), one thread per output channel: the rotation matrix is
+// read once per launch and applied to every new token of the batch.
+constexpr int kAppendTokenTile = 8;
+
+template <int D>
+__global__ void AppendKernel(AppendParams p) {
+  const int layer = blockIdx.x, h = blockIdx.y, kind = blockIdx.z;
+  const KvGeometry& g = p.geometry;
+  const int heads = g.num_kv_heads;
+  const int j = threadIdx.x;
+  const uint16_t* src = kind == 0 ? p.k : p.v;
+  const float* R = kind == 0 ? p.k_rotation : p.v_rotation;
+  if (R) R += (int64_t{layer} * heads + h) * D * D;
+  __shared__ float x[kAppendTokenTile][D];
+  for (int t0 = 0; t0 < p.num_tokens; t0 += kAppendTokenTile) {
+    const int n = min(kAppendTokenTile, p.num_tokens - t0);
+    __syncthreads();
+    for (int t = 0; t < n; ++t) {
+      x[t][j] = Bf16ToFloat(src[((int64_t{layer} * p.num_tokens + t0 + t) * heads + h) * D + j]);
+    }
+    __syncthreads();
+    float y[kAppendTokenTile];
+#pragma unroll
+    for (int t = 0; t < kAppendTokenTile; ++t) y[t] = 0.0f;
+    if (R) {
+      for (int k = 0; k < D; ++k) {
+        const float r = __ldg(R + int64_t{k} * D + j);
+#pragma unroll
+        for (int t = 0; t < kAppendTokenTile; ++t) y[t] = fmaf(x[t][k], r, y[t]);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < kAppendTokenTile; ++t) y[t] = x[t][j];
+    }
+#pragma unroll
+    for (int t = 0; t < kAppendTokenTile; ++t) {
+      if (t >= n) break;
+      uint8_t* block = p.bf16_pool + int64_t{p.slot[t0 + t]} * p.slot_stride +
+                       BlockOffset(g, PageEncoding::kBf16, layer, kind, h);
+      reinterpret_cast<uint16_t*>(block)[p.row[t0 + t] * D + j] = FloatToBf16(y[t]);
+    }
+  }
+}
+
+// One CTA per (page, block): 64 threads, one token row each, as EncodeInt2Block.
+template <int D>
+__global__ void DemoteKernel(DemoteParams p) {
+  const KvGeometry& g = p.geometry;
+  const int64_t blocks = NumBlocks(g);
+  const int page = static_cast<int>(blockIdx.x / blocks);
+  const int64_t blk = blockIdx.x % blocks;
+  const int layer = static_cast<int>(blk / (2 * g.num_kv_heads));
+  const int kind = static_cast<int>((blk / g.num_kv_heads) % 2);
+  const int head = static_cast<int>(blk % g.num_kv_heads);
+  const uint8_t* src = p.bf16_pool + int64_t{p.src_slot[page]} * p.bf16_stride + kPageHeaderBytes +
+                       blk * BlockBytes(g, PageEncoding::kBf16);
+  uint8_t* dst = p.int2_pool + int64_t{p.dst_slot[page]} * p.int2_stride + kPageHeaderBytes +
+                 blk * BlockBytes(g, PageEncoding::kInt2Uniform);
+  __shared__ float x[64][D + 1];
+  __shared__ uint32_t packed[64 * D / 16];
+  const int t = threadIdx.x;
+  for (int i = t; i < 64 * D / 16; i += 64) packed[i] = 0;
+  for (int i = 0; i < D; ++i)
+    x[t][i] = Bf16ToFloat(reinterpret_cast<const uint16_t*>(src)[t * D + i]);
+  __syncthreads();
+  const float ratio = p.clip ? p.clip[(layer * 2 + kind) * g.num_kv_heads + head] : 1.0f;
+  // Order statistic: the element of |x| at index k in ascending order. Clip ratios sit near 1,
+  // so drop the D-1-k largest one at a time (or, below the middle, the k smallest).
+  const int k = min(D - 1, static_cast<int>(floor(static_cast<double>(ratio) * D)));
+  __shared__ uint32_t dropped[64][D / 32];
+  for (int w = 0; w < D / 32; ++w) dropped[t][w] = 0;
+  auto is_dropped = [&](int i) { return (dropped[t][i / 32] >> (i % 32)) & 1u; };
+  const bool from_top = k >= D / 2;
+  const int drops = from_top ? D - 1 - k : k;
+  for (int r = 0; r < drops; ++r) {
+    int best = -1;
+    float best_a = 0.0f;
+    for (int i = 0; i < D; ++i) {
+      if (is_dropped(i)) continue;
+      const float a = fabsf(x[t][i]);
+      if (best < 0 || (from_top ? a > best_a : a < best_a)) best = i, best_a = a;
+    }
+    dropped[t][best / 32] |= 1u << (best % 32);
+  }
+  float tau = from_top ? 0.0f : INFINITY;
+  for (int i = 0; i < D; ++i) {
+    if (is_dropped(i)) continue;
+    tau = from_top ? fmaxf(tau, fabsf(x[t][i])) : fminf(tau, fabsf(x[t][i]));
+  }
+  float lo = tau, hi = -tau;
+  for (int i = 0; i < D; ++i) {
+    const float c = fminf(fmaxf(x[t][i], -tau), tau);
+    lo = fminf(lo, c);
+    hi = fmaxf(hi, c);
+  }
+  const uint16_t m16 = FloatToFp16Saturate(lo);
+  const uint16_t s16 = FloatToFp16Saturate((hi - lo) / 3.0f);
+  const float m = Fp16ToFloat(m16), s = Fp16ToFloat(s16);
+  for (int i = 0; i < D; ++i) {
+    const float c = fminf(fmaxf(x[t][i], -tau), tau);
+    int q = 0;
+    if (s > 0.0f) q = static_cast<int>(floorf(__fdiv_rn(c - m, s) + 0.5f));
+    q = min(max(q, 0), 3);
+    const int bit = kind == 0 ? t * (D / 4) * 8 + KCodeBit(i, D) : VCodeBit(t, i, D);
+    atomicOr(&packed[bit / 32], static_cast<uint32_t>(q) << (bit % 32));
+  }
+  // params: [64][1][2] fp16 {scale, offset} after the codes
+  reinterpret_cast<uint32_t*>(dst + 64 * D / 4)[t] =
+      static_cast<uint32_t>(s16) | static_cast<uint32_t>(m16) << 16;
+  __syncthreads();
+  for (int i = t; i < 64 * D / 16; i += 64) reinterpret_cast<uint32_t*>(dst)[i] = packed[i];
+}
+
+}  // namespace
+
+cudaError_t AppendRotatedRows(const AppendParams& p, cudaStream_t stream) {
+  if (p.num_tokens <= 0) return cudaSuccess;
+  const KvGeometry& g = p.geometry;
+  return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
+    AppendKernel<D><<<dim3(g.num_layers, g.num_kv_heads, 2), D, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t DemotePages(const DemoteParams& p, cudaStream_t stream) {
+  const KvGeometry& g = p.geometry;
+  if (g.group_size != g.head_dim || g.page_tokens != 64) return cudaErrorInvalidValue;
+  if (p.num_pages <= 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(p.num_pages * NumBlocks(g));
+  return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
+    DemoteKernel<D><<<grid, 64, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace kvstrata::kernels

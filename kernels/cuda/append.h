@@ -1,0 +1,50 @@
+#pragma once
+
+// The write side of the cache on the GPU, CPU reference beside each (kernels/quant.h,
+// kernels/rotation.h):
+//  * AppendRotatedRows: new tokens' K and V rows, for every layer and KV head of a batch of
+//    sequences in one launch, rotated (k·R_K, v·R_V) and written in BF16 into their pages;
+//  * DemotePages: whole BF16 pages that the recent window has left, clipped, quantised and
+//    packed into INT2 pages (all layers and heads of each page in one launch), from their BF16
+//    values exactly as EncodeInt2Block does on the CPU.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/kv_layout.h"
+
+namespace kvstrata::kernels {
+
+struct AppendParams {
+  // device bf16 [num_layers][num_tokens][num_kv_heads][head_dim], after RoPE, unrotated
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int num_tokens = 0;
+  // device fp32 [num_layers][num_kv_heads][head_dim][head_dim]; null = identity
+  const float* k_rotation = nullptr;
+  const float* v_rotation = nullptr;
+  // device [num_tokens]: the BF16 pool slot and the row (position % 64) each token goes to
+  const int32_t* slot = nullptr;
+  const int32_t* row = nullptr;
+  uint8_t* bf16_pool = nullptr;
+  int64_t slot_stride = 0;
+  KvGeometry geometry;
+};
+cudaError_t AppendRotatedRows(const AppendParams& params, cudaStream_t stream);
+
+struct DemoteParams {
+  const uint8_t* bf16_pool = nullptr;
+  int64_t bf16_stride = 0;
+  uint8_t* int2_pool = nullptr;
+  int64_t int2_stride = 0;
+  const int32_t* src_slot = nullptr;  // device [num_pages]
+  const int32_t* dst_slot = nullptr;  // device [num_pages]
+  int num_pages = 0;
+  // device fp32 [num_layers][2][num_kv_heads] clip ratios in (0, 1]; null = 1 (no clipping)
+  const float* clip = nullptr;
+  KvGeometry geometry;  // group_size == head_dim, uniform levels
+};
+cudaError_t DemotePages(const DemoteParams& params, cudaStream_t stream);
+
+}  // namespace kvstrata::kernels

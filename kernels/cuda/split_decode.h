@@ -1,0 +1,55 @@
+#pragma once
+
+// Split decode attention on the GPU (docs/kv-format.md §5): per sequence and KV head, the INT2
+// history is cut into page ranges processed in parallel on tensor cores (flash-decoding), the
+// BF16 sink and recent window get one partial each, and a merge kernel combines every partial
+// (o, lse) exactly. CPU reference: SplitDecodeAttentionRef (kernels/attention_ref.h).
+//
+// Plan on the host (PlanSplitDecode), then LaunchSplitDecode allocates nothing, so a decode
+// step can be captured in a CUDA graph.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/kv_layout.h"
+
+namespace kvstrata::kernels {
+
+struct SplitDecodeCudaParams {
+  const uint16_t* q = nullptr;  // device bf16 [batch][num_q_heads][head_dim], rotated by R_K
+  int batch = 0;
+  int num_q_heads = 0;  // num_kv_heads * G with G <= 8
+  int layer = 0;
+  float sm_scale = 0.0f;
+  KvGeometry geometry;  // INT2: group_size == head_dim, page_tokens == 64
+  // sink (BF16), history (INT2 uniform levels, full pages), recent (BF16); device pointers.
+  PagedSegmentView segments[3];
+  float* out = nullptr;  // device [batch][num_q_heads][head_dim], rotated value space
+  float* lse = nullptr;  // device [batch][num_q_heads] natural log, or null
+};
+
+struct SplitDecodePlan {
+  int window_pages = 1;  // BF16 pages (sink + recent) per sequence the plan covers
+  int splits = 1;        // history page ranges per (sequence, KV head)
+  int pages_per_split = 1;
+  int64_t workspace_bytes = 0;
+};
+
+// max_history_pages / max_window_pages: the most INT2 pages, and the most BF16 pages (sink plus
+// recent), any sequence of the batch has (or will have while the plan is reused). num_sms: the
+// device's multiprocessor count.
+SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int max_history_pages,
+                                int max_window_pages, int num_sms);
+
+// cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
+// INT2 group_size != head_dim, Lloyd-Max history). `workspace` holds plan.workspace_bytes.
+cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& params, const SplitDecodePlan& plan,
+                              void* workspace, cudaStream_t stream);
+
+// Fills `num_pages` INT2 page bodies (all layers and heads) with random codes and sane fp16
+// scale/offset, for benchmarks. Headers are left untouched.
+cudaError_t FillRandomInt2Pages(uint8_t* pool, int64_t slot_stride, int num_pages,
+                                const KvGeometry& geometry, uint32_t seed, cudaStream_t stream);
+
+}  // namespace kvstrata::kernels

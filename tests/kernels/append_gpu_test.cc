@@ -1,0 +1,138 @@
+// GPU test: the append (rotate + BF16 write) and demotion (clip + quantise + pack) kernels
+// against the CPU reference. Skips itself when no CUDA device is present.
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/append.h"
+#include "kernels/quant.h"
+#include "kernels/rotation.h"
+
+namespace kvstrata::kernels {
+namespace {
+
+bool HaveGpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+template <typename T>
+T* ToDevice(const std::vector<T>& v) {
+  T* d = nullptr;
+  cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T));
+  cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+TEST(AppendGpu, RotatesWritesAndDemotesLikeTheCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int d : {64, 128}) {
+    const KvGeometry g{3, 2, d, d, 64};
+    std::mt19937 rng(d);
+    std::normal_distribution<float> normal;
+    // Random orthogonal rotations (random-sign Hadamard) per (layer, head).
+    std::vector<float> rk, rv;
+    for (int m = 0; m < g.num_layers * g.num_kv_heads; ++m) {
+      std::vector<float> r(d * d);
+      RandomSignHadamard(d, 100 + m, r.data());
+      rk.insert(rk.end(), r.begin(), r.end());
+      RandomSignHadamard(d, 500 + m, r.data());
+      rv.insert(rv.end(), r.begin(), r.end());
+    }
+    // 64 tokens fill one page; written in a shuffled order of rows.
+    const int tokens = 64;
+    std::vector<uint16_t> k(g.num_layers * tokens * g.num_kv_heads * d), v(k.size());
+    for (auto& x : k) x = FloatToBf16(normal(rng) * 3.0f);
+    for (auto& x : v) x = FloatToBf16(normal(rng));
+    std::vector<int32_t> slot(tokens, 1), row(tokens);
+    for (int i = 0; i < tokens; ++i) row[i] = (i * 37) % 64;
+    const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
+    const int64_t int2_stride = PageBytes(g, PageEncoding::kInt2Uniform);
+    std::vector<uint8_t> bf16_pool(2 * bf16_stride, 0);
+    uint8_t* d_bf16 = ToDevice(bf16_pool);
+    AppendParams ap;
+    ap.k = ToDevice(k);
+    ap.v = ToDevice(v);
+    ap.num_tokens = tokens;
+    ap.k_rotation = ToDevice(rk);
+    ap.v_rotation = ToDevice(rv);
+    ap.slot = ToDevice(slot);
+    ap.row = ToDevice(row);
+    ap.bf16_pool = d_bf16;
+    ap.slot_stride = bf16_stride;
+    ap.geometry = g;
+    ASSERT_EQ(AppendRotatedRows(ap, nullptr), cudaSuccess);
+    std::vector<float> clip(g.num_layers * 2 * g.num_kv_heads);
+    for (size_t i = 0; i < clip.size(); ++i) clip[i] = i % 3 == 0 ? 1.0f : 0.9f + 0.01f * (i % 7);
+    std::vector<uint8_t> int2_pool(2 * int2_stride, 0);
+    uint8_t* d_int2 = ToDevice(int2_pool);
+    DemoteParams dp;
+    dp.bf16_pool = d_bf16;
+    dp.bf16_stride = bf16_stride;
+    dp.int2_pool = d_int2;
+    dp.int2_stride = int2_stride;
+    const std::vector<int32_t> src{1}, dst{0};
+    dp.src_slot = ToDevice(src);
+    dp.dst_slot = ToDevice(dst);
+    dp.num_pages = 1;
+    dp.clip = ToDevice(clip);
+    dp.geometry = g;
+    ASSERT_EQ(DemotePages(dp, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(bf16_pool.data(), d_bf16, bf16_pool.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(int2_pool.data(), d_int2, int2_pool.size(), cudaMemcpyDeviceToHost);
+
+    // Rotated BF16 rows: within one bf16 rounding of the CPU's rotation.
+    int64_t bf16_mismatch = 0, code_mismatch = 0, code_bytes = 0;
+    for (int l = 0; l < g.num_layers; ++l) {
+      for (int kind = 0; kind < 2; ++kind) {
+        for (int h = 0; h < g.num_kv_heads; ++h) {
+          const std::vector<uint16_t>& src_rows = kind == 0 ? k : v;
+          const float* R = (kind == 0 ? rk : rv).data() + (l * g.num_kv_heads + h) * d * d;
+          std::vector<float> x(d), y(d);
+          const uint8_t* blk =
+              bf16_pool.data() + bf16_stride + BlockOffset(g, PageEncoding::kBf16, l, kind, h);
+          for (int t = 0; t < tokens; ++t) {
+            for (int i = 0; i < d; ++i)
+              x[i] = Bf16ToFloat(src_rows[((l * tokens + t) * g.num_kv_heads + h) * d + i]);
+            ApplyRotation(x.data(), 1, d, R, y.data());
+            for (int i = 0; i < d; ++i) {
+              uint16_t got;
+              std::memcpy(&got, blk + (row[t] * d + i) * 2, 2);
+              const float diff = std::fabs(Bf16ToFloat(got) - y[i]);
+              ASSERT_LE(diff, std::fabs(y[i]) * (1.0f / 128) + 1e-6f)
+                  << "layer " << l << " token " << t;
+              bf16_mismatch += got != FloatToBf16(y[i]);
+            }
+          }
+          // Demotion: EncodeInt2Block on the GPU's own BF16 block must give the same bytes.
+          std::vector<float> rows(64 * d);
+          DecodeBf16Block(blk, 64, g, rows.data());
+          std::vector<uint8_t> expect(BlockBytes(g, PageEncoding::kInt2Uniform));
+          EncodeInt2Block(rows.data(), 64, g, clip[(l * 2 + kind) * g.num_kv_heads + h],
+                          PageEncoding::kInt2Uniform, kind, expect.data());
+          const uint8_t* got =
+              int2_pool.data() + kPageHeaderBytes +
+              ((l * 2 + kind) * g.num_kv_heads + h) * BlockBytes(g, PageEncoding::kInt2Uniform);
+          for (size_t i = 0; i < expect.size(); ++i) code_mismatch += got[i] != expect[i];
+          code_bytes += static_cast<int64_t>(expect.size());
+        }
+      }
+    }
+    EXPECT_EQ(code_mismatch, 0) << "of " << code_bytes << " INT2 bytes (head_dim " << d << ")";
+    std::printf(
+        "append head_dim %d: %lld of %lld bf16 values differ by one rounding from the CPU's; "
+        "INT2 bytes differing: %lld of %lld\n",
+        d, static_cast<long long>(bf16_mismatch),
+        static_cast<long long>(g.num_layers * 2 * g.num_kv_heads * tokens * d),
+        static_cast<long long>(code_mismatch), static_cast<long long>(code_bytes));
+  }
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels
