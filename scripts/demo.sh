@@ -5,5 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/fetch-model.sh >/dev/null
 scripts/build.sh kvstrata
 exec "${BUILD_DIR:-build}"/bin/kvstrata format-demo "$@"

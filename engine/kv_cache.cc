@@ -1,0 +1,283 @@
+#include "engine/kv_cache.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/page_format.h"
+#include "core/status_macros.h"
+
+namespace kvstrata::engine {
+
+namespace {
+
+class HostPageMemory final : public PageMemory {
+ public:
+  explicit HostPageMemory(int64_t bytes)
+      : size_(bytes),
+        data_(static_cast<uint8_t*>(
+            std::aligned_alloc(256, std::max<int64_t>(256, (bytes + 255) / 256 * 256)))) {}
+  ~HostPageMemory() override { std::free(data_); }
+  uint8_t* data() override { return data_; }
+  int64_t size() const override { return size_; }
+
+ private:
+  int64_t size_;
+  uint8_t* data_;
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+const char* KvCacheFormatName(KvCacheFormat format) {
+  switch (format) {
+    case KvCacheFormat::kBf16:
+      return "bf16";
+    case KvCacheFormat::kInt2:
+      return "int2";
+    case KvCacheFormat::kInt2LloydMax:
+      return "int2-lloyd-max";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name) {
+  for (KvCacheFormat f :
+       {KvCacheFormat::kBf16, KvCacheFormat::kInt2, KvCacheFormat::kInt2LloydMax}) {
+    if (name == KvCacheFormatName(f)) return f;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max)"));
+}
+
+std::unique_ptr<PageMemory> AllocateHostPageMemory(int64_t bytes) {
+  return std::make_unique<HostPageMemory>(bytes);
+}
+
+PagePool::PagePool(std::unique_ptr<PageMemory> memory, int64_t slot_bytes)
+    : memory_(std::move(memory)),
+      base_(memory_->data()),
+      slot_bytes_(slot_bytes),
+      num_slots_(memory_->size() / slot_bytes) {
+  free_.reserve(num_slots_);
+  for (int64_t s = num_slots_ - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+}
+
+std::optional<int32_t> PagePool::Allocate() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
+void PagePool::Free(int32_t slot) { free_.push_back(slot); }
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeometry& geometry,
+                                                         const KvCacheOptions& options) {
+  kernels::KvGeometry g = geometry;
+  KvCacheOptions o = options;
+  if (o.group_size == 0) o.group_size = g.head_dim;
+  g.group_size = o.group_size;
+  g.page_tokens = o.layout.page_tokens;
+  KV_RETURN_IF_ERROR(ValidateGeometry(g, kernels::PageEncoding::kInt2Uniform));
+  if (o.layout.page_tokens != 64) {
+    return absl::InvalidArgumentError("page_tokens must be 64 (the page format's page size)");
+  }
+  if (o.layout.sink_tokens < 0 || o.layout.sink_tokens % o.layout.page_tokens != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sink_tokens=", o.layout.sink_tokens, " must be a multiple of the page size"));
+  }
+  if (o.layout.recent_tokens < 1) {
+    return absl::InvalidArgumentError("recent_tokens must be at least 1");
+  }
+  if (o.max_sequences < 1 || o.max_chunk_tokens < 1) {
+    return absl::InvalidArgumentError("max_sequences and max_chunk_tokens must be positive");
+  }
+  std::unique_ptr<KvCache> cache(new KvCache(g, o));
+  const int64_t bf16_bytes = kernels::PageBytes(g, kernels::PageEncoding::kBf16);
+  int64_t bf16_budget = o.capacity_bytes;
+  if (cache->split()) {
+    // BF16 pages are the working set: sink + recent window + one chunk, per sequence.
+    const int64_t per_seq = cache->Bf16SlotsNeeded(std::numeric_limits<int32_t>::max());
+    bf16_budget = std::min(o.capacity_bytes, per_seq * o.max_sequences * bf16_bytes);
+  }
+  if (bf16_budget < bf16_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache capacity ", o.capacity_bytes,
+                                                   " bytes is below one page (", bf16_bytes, ")"));
+  }
+  cache->bf16_pool_ = std::make_unique<PagePool>(AllocateHostPageMemory(bf16_budget), bf16_bytes);
+  if (cache->split()) {
+    const int64_t int2_bytes = kernels::PageBytes(g, cache->int2_encoding());
+    const int64_t rest = std::max<int64_t>(int2_bytes, o.capacity_bytes - bf16_budget);
+    cache->int2_pool_ = std::make_unique<PagePool>(AllocateHostPageMemory(rest), int2_bytes);
+  }
+  return cache;
+}
+
+kernels::PageEncoding KvCache::int2_encoding() const {
+  return options_.format == KvCacheFormat::kInt2LloydMax ? kernels::PageEncoding::kInt2LloydMax
+                                                         : kernels::PageEncoding::kInt2Uniform;
+}
+
+int64_t KvCache::DemotedPagesEnd(int64_t n) const {
+  if (!split()) return 0;
+  const kernels::SplitSegments s = kernels::SegmentsAt(options_.layout, n);
+  return (s.sink + s.history) / options_.layout.page_tokens;
+}
+
+int64_t KvCache::FirstInt2Query(int64_t page) const {
+  const int64_t P = options_.layout.page_tokens;
+  if (!split() || page < options_.layout.sink_tokens / P)
+    return std::numeric_limits<int64_t>::max();
+  // Page p is history for a query seeing n tokens once n >= (p+1)*P + recent_tokens.
+  return (page + 1) * P + options_.layout.recent_tokens - 1;
+}
+
+int64_t KvCache::Bf16SlotsNeeded(int64_t total_tokens) const {
+  const int64_t P = options_.layout.page_tokens;
+  const int64_t pages = CeilDiv(total_tokens, P);
+  if (!split()) return pages;
+  // sink + the pages that may hold BF16 at once: the recent window (< recent + P tokens),
+  // plus a chunk appended before the pages it demotes are freed, plus a partial page each side.
+  const int64_t working =
+      options_.layout.sink_tokens / P +
+      CeilDiv(options_.layout.recent_tokens + P - 1 + options_.max_chunk_tokens, P) + 1;
+  return std::min(pages, working);
+}
+
+int64_t KvCache::Int2SlotsNeeded(int64_t total_tokens) const {
+  if (!split()) return 0;
+  return std::max<int64_t>(
+      0, DemotedPagesEnd(total_tokens) - options_.layout.sink_tokens / options_.layout.page_tokens);
+}
+
+int64_t KvCache::free_int2_slots() const {
+  return int2_pool_ ? int2_pool_->num_slots() - reserved_int2_ : 0;
+}
+
+absl::Status KvCache::Reserve(SequenceKv& seq, int64_t total_tokens) {
+  const int64_t need_bf16 = Bf16SlotsNeeded(total_tokens);
+  const int64_t need_int2 = Int2SlotsNeeded(total_tokens);
+  const int64_t cap_int2 = int2_pool_ ? int2_pool_->num_slots() : 0;
+  if (need_bf16 > bf16_pool_->num_slots() || need_int2 > cap_int2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a sequence of ", total_tokens, " tokens needs ", need_bf16, " BF16 and ",
+                     need_int2, " INT2 pages but the KV cache holds only ", bf16_pool_->num_slots(),
+                     " and ", cap_int2, " (raise the KV cache capacity or lower max_tokens)"));
+  }
+  if (need_bf16 > free_bf16_slots() || need_int2 > free_int2_slots()) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache full: need ", need_bf16, " BF16 + ",
+                                                     need_int2, " INT2 pages, free ",
+                                                     free_bf16_slots(), " + ", free_int2_slots()));
+  }
+  reserved_bf16_ += need_bf16;
+  reserved_int2_ += need_int2;
+  seq.reserved_bf16 = need_bf16;
+  seq.reserved_int2 = need_int2;
+  return absl::OkStatus();
+}
+
+void KvCache::Release(SequenceKv& seq) {
+  for (int32_t& s : seq.bf16_slot) {
+    if (s >= 0) bf16_pool_->Free(s), s = -1;
+  }
+  for (int32_t& s : seq.int2_slot) {
+    if (s >= 0) int2_pool_->Free(s), s = -1;
+  }
+  reserved_bf16_ -= seq.reserved_bf16;
+  reserved_int2_ -= seq.reserved_int2;
+  seq.reserved_bf16 = seq.reserved_int2 = 0;
+  seq.bf16_slot.clear();
+  seq.int2_slot.clear();
+  seq.num_tokens = 0;
+}
+
+void KvCache::WriteHeader(const SequenceKv& seq, int64_t page, kernels::PageEncoding encoding,
+                          uint8_t* slot) const {
+  kernels::PageHeader h{};
+  h.magic = kernels::kPageMagic;
+  h.version = kernels::kPageFormatVersion;
+  h.encoding = static_cast<uint8_t>(encoding);
+  h.page_tokens = static_cast<uint16_t>(geometry_.page_tokens);
+  h.num_layers = static_cast<uint16_t>(geometry_.num_layers);
+  h.num_kv_heads = static_cast<uint16_t>(geometry_.num_kv_heads);
+  h.head_dim = static_cast<uint16_t>(geometry_.head_dim);
+  h.group_size = kernels::IsInt2(encoding) ? static_cast<uint16_t>(geometry_.group_size) : 0;
+  h.page_index = static_cast<uint32_t>(page);
+  h.body_bytes = kernels::PageBytes(geometry_, encoding) - kernels::kPageHeaderBytes;
+  if (page < static_cast<int64_t>(seq.page_keys.size())) {
+    std::memcpy(h.key, seq.page_keys[page].bytes.data(), kPageKeyBytes);
+    const PageKey& parent = page == 0 ? seq.namespace_key : seq.page_keys[page - 1];
+    std::memcpy(h.parent_key, parent.bytes.data(), kPageKeyBytes);
+  }
+  std::memcpy(slot, &h, sizeof(h));
+}
+
+absl::Status KvCache::BeginAppend(SequenceKv& seq, int64_t new_total) {
+  const int64_t P = options_.layout.page_tokens;
+  const int64_t pages = CeilDiv(new_total, P);
+  if (static_cast<int64_t>(seq.bf16_slot.size()) < pages) {
+    seq.bf16_slot.resize(pages, -1);
+    seq.int2_slot.resize(pages, -1);
+  }
+  // BF16 slots for every page receiving tokens.
+  for (int64_t p = seq.num_tokens / P; p < pages; ++p) {
+    if (seq.bf16_slot[p] >= 0) continue;
+    std::optional<int32_t> s = bf16_pool_->Allocate();
+    if (!s) return absl::ResourceExhaustedError("BF16 page pool exhausted (reservation broken)");
+    seq.bf16_slot[p] = *s;
+    WriteHeader(seq, p, kernels::PageEncoding::kBf16, bf16_pool_->slot(*s));
+  }
+  // INT2 slots for the pages this append demotes; the forward pass encodes them per layer.
+  const int64_t sink_pages = options_.layout.sink_tokens / P;
+  for (int64_t p = std::max(sink_pages, DemotedPagesEnd(seq.num_tokens));
+       p < DemotedPagesEnd(new_total); ++p) {
+    std::optional<int32_t> s = int2_pool_->Allocate();
+    if (!s) return absl::ResourceExhaustedError("INT2 page pool exhausted (reservation broken)");
+    seq.int2_slot[p] = *s;
+  }
+  return absl::OkStatus();
+}
+
+void KvCache::EndAppend(SequenceKv& seq, int64_t new_total) {
+  const int64_t P = options_.layout.page_tokens;
+  const int64_t old_pages_end = DemotedPagesEnd(seq.num_tokens);
+  const int64_t sink_pages = options_.layout.sink_tokens / P;
+  // Keys of pages that became full.
+  for (int64_t p = static_cast<int64_t>(seq.page_keys.size()); (p + 1) * P <= new_total; ++p) {
+    std::vector<uint32_t> ids(seq.tokens.begin() + p * P, seq.tokens.begin() + (p + 1) * P);
+    const PageKey& parent = p == 0 ? seq.namespace_key : seq.page_keys[p - 1];
+    seq.page_keys.push_back(ChainPageKey(parent, ids));
+    if (seq.bf16_slot[p] >= 0) {
+      WriteHeader(seq, p, kernels::PageEncoding::kBf16, bf16_pool_->slot(seq.bf16_slot[p]));
+    }
+  }
+  for (int64_t p = std::max(sink_pages, old_pages_end); p < DemotedPagesEnd(new_total); ++p) {
+    WriteHeader(seq, p, int2_encoding(), int2_pool_->slot(seq.int2_slot[p]));
+    bf16_pool_->Free(seq.bf16_slot[p]);
+    seq.bf16_slot[p] = -1;
+  }
+  seq.num_tokens = new_total;
+}
+
+uint8_t* KvCache::Bf16Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
+  return bf16_pool_->slot(seq.bf16_slot[page]) +
+         kernels::BlockOffset(geometry_, kernels::PageEncoding::kBf16, layer, kind, head);
+}
+
+uint8_t* KvCache::Int2Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
+  return int2_pool_->slot(seq.int2_slot[page]) +
+         kernels::BlockOffset(geometry_, int2_encoding(), layer, kind, head);
+}
+
+int64_t KvCache::SequenceBytes(const SequenceKv& seq) const {
+  int64_t bytes = 0;
+  for (int32_t s : seq.bf16_slot) bytes += s >= 0 ? bf16_pool_->slot_bytes() : 0;
+  for (int32_t s : seq.int2_slot) bytes += s >= 0 ? int2_pool_->slot_bytes() : 0;
+  return bytes;
+}
+
+}  // namespace kvstrata::engine

@@ -1,0 +1,199 @@
+#include "engine/rotations.h"
+
+#include <openssl/evp.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+
+namespace kvstrata::engine {
+
+namespace {
+
+constexpr char kFormat[] = "kvstrata-rotations";
+constexpr char kVersion[] = "1";
+
+std::string Sha256Hex(const std::string& bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += absl::StrFormat("%02x", digest[i]);
+  return hex;
+}
+
+struct TensorSpec {
+  const char* name;
+  std::vector<int64_t> shape;
+  const std::vector<float>* data;
+};
+
+}  // namespace
+
+RotationSet IdentityRotations(int num_layers, int num_kv_heads, int head_dim) {
+  RotationSet r;
+  r.num_layers = num_layers;
+  r.num_kv_heads = num_kv_heads;
+  r.head_dim = head_dim;
+  r.identity = true;
+  r.k_clip.assign(static_cast<size_t>(num_layers) * num_kv_heads, 1.0f);
+  r.v_clip = r.k_clip;
+  r.digest = "identity";
+  return r;
+}
+
+absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotations,
+                               const RotationFileInfo& info) {
+  const int64_t L = rotations.num_layers, H = rotations.num_kv_heads, d = rotations.head_dim;
+  std::vector<float> eye;
+  const std::vector<float>* k = &rotations.k_rotation;
+  const std::vector<float>* v = &rotations.v_rotation;
+  if (rotations.identity) {
+    eye.assign(L * H * d * d, 0.0f);
+    for (int64_t m = 0; m < L * H; ++m)
+      for (int64_t i = 0; i < d; ++i) eye[m * d * d + i * d + i] = 1.0f;
+    k = v = &eye;
+  }
+  const TensorSpec tensors[] = {{"k_rotation", {L, H, d, d}, k},
+                                {"v_rotation", {L, H, d, d}, v},
+                                {"k_clip", {L, H}, &rotations.k_clip},
+                                {"v_clip", {L, H}, &rotations.v_clip}};
+  nlohmann::json header;
+  header["__metadata__"] = {{"format", kFormat},
+                            {"version", kVersion},
+                            {"model_fingerprint", info.model_fingerprint},
+                            {"options", info.options}};
+  int64_t offset = 0;
+  for (const TensorSpec& t : tensors) {
+    int64_t count = 1;
+    for (int64_t s : t.shape) count *= s;
+    if (static_cast<int64_t>(t.data->size()) != count) {
+      return absl::InvalidArgumentError(absl::StrCat("rotation set: ", t.name, " has ",
+                                                     t.data->size(), " values, expected ", count));
+    }
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + count * 4}}};
+    offset += count * 4;
+  }
+  std::string json = header.dump();
+  while (json.size() % 8 != 0) json += ' ';
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write rotation file ", path));
+  const uint64_t header_len = json.size();
+  out.write(reinterpret_cast<const char*>(&header_len), 8);
+  out.write(json.data(), static_cast<std::streamsize>(json.size()));
+  for (const TensorSpec& t : tensors) {
+    out.write(reinterpret_cast<const char*>(t.data->data()),
+              static_cast<std::streamsize>(t.data->size() * 4));
+  }
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("error writing rotation file ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_layers,
+                                             int num_kv_heads, int head_dim,
+                                             const std::string& expected_fingerprint) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("rotation file ", path, ": cannot open"));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto fail = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("rotation file ", path, ": ", what));
+  };
+  if (bytes.size() < 8) return fail("shorter than its 8-byte header length");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  if (header_len > bytes.size() - 8) return fail("header length runs past the end of the file");
+  const nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len),
+                            nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) return fail("header is not a JSON object");
+  const auto meta = header.find("__metadata__");
+  if (meta == header.end() || !meta->is_object() || meta->value("format", "") != kFormat) {
+    return fail("not a kvstrata rotation file (metadata format is not \"kvstrata-rotations\")");
+  }
+  if (meta->value("version", "") != kVersion) {
+    return fail(absl::StrCat("unsupported version \"", meta->value("version", ""), "\""));
+  }
+  RotationSet r;
+  r.num_layers = num_layers;
+  r.num_kv_heads = num_kv_heads;
+  r.head_dim = head_dim;
+  r.identity = false;
+  r.digest = Sha256Hex(bytes);
+  r.model_fingerprint = meta->value("model_fingerprint", "");
+  if (!expected_fingerprint.empty() && r.model_fingerprint != expected_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rotation file ", path, " was fitted on model ", r.model_fingerprint.substr(0, 16),
+        "… but the loaded model is ", expected_fingerprint.substr(0, 16), "…"));
+  }
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_len = bytes.size() - data_start;
+  auto read_tensor = [&](const char* name, std::vector<int64_t> shape,
+                         std::vector<float>* out) -> absl::Status {
+    const auto it = header.find(name);
+    if (it == header.end() || !it->is_object()) return fail(absl::StrCat("missing tensor ", name));
+    if (it->value("dtype", "") != "F32") return fail(absl::StrCat(name, ": dtype must be F32"));
+    const auto s = it->find("shape");
+    if (s == it->end() || !s->is_array() || s->size() != shape.size()) {
+      return fail(absl::StrCat(name, ": wrong rank"));
+    }
+    int64_t count = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (!(*s)[i].is_number_integer() || (*s)[i].get<int64_t>() != shape[i]) {
+        return fail(absl::StrCat(name, ": shape does not match the model (expected [",
+                                 absl::StrJoin(shape, ", "), "])"));
+      }
+      count *= shape[i];
+    }
+    const auto off = it->find("data_offsets");
+    if (off == it->end() || !off->is_array() || off->size() != 2 ||
+        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned()) {
+      return fail(absl::StrCat(name, ": bad data_offsets"));
+    }
+    const uint64_t begin = (*off)[0].get<uint64_t>(), end = (*off)[1].get<uint64_t>();
+    if (end < begin || end > data_len || end - begin != static_cast<uint64_t>(count) * 4) {
+      return fail(absl::StrCat(name, ": data_offsets out of range"));
+    }
+    out->resize(count);
+    std::memcpy(out->data(), bytes.data() + data_start + begin, count * 4);
+    return absl::OkStatus();
+  };
+  const int64_t L = num_layers, H = num_kv_heads, d = head_dim;
+  KV_RETURN_IF_ERROR(read_tensor("k_rotation", {L, H, d, d}, &r.k_rotation));
+  KV_RETURN_IF_ERROR(read_tensor("v_rotation", {L, H, d, d}, &r.v_rotation));
+  KV_RETURN_IF_ERROR(read_tensor("k_clip", {L, H}, &r.k_clip));
+  KV_RETURN_IF_ERROR(read_tensor("v_clip", {L, H}, &r.v_clip));
+  for (const std::vector<float>* clips : {&r.k_clip, &r.v_clip}) {
+    for (float c : *clips) {
+      if (!(c > 0.0f && c <= 1.0f)) return fail(absl::StrCat("clip ratio ", c, " outside (0, 1]"));
+    }
+  }
+  for (const std::vector<float>* rot : {&r.k_rotation, &r.v_rotation}) {
+    for (int64_t m = 0; m < L * H; ++m) {
+      const float* R = rot->data() + m * d * d;
+      double worst = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        for (int64_t j = i; j < d; ++j) {
+          double dot = 0;
+          for (int64_t k = 0; k < d; ++k) dot += double{R[i * d + k]} * R[j * d + k];
+          worst = std::max(worst, std::fabs(dot - (i == j ? 1.0 : 0.0)));
+        }
+      }
+      if (!(worst <= 1e-3)) {
+        return fail(absl::StrCat(rot == &r.k_rotation ? "k_rotation" : "v_rotation", " of layer ",
+                                 m / H, " head ", m % H, " is not orthogonal (error ", worst, ")"));
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace kvstrata::engine

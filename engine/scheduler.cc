@@ -1,0 +1,178 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace kvstrata::engine {
+
+struct Scheduler::Sequence {
+  uint64_t id = 0;
+  GenerationRequest request;
+  SequenceKv kv;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StopChecker> stop;
+  std::vector<int32_t> generated;
+  int64_t prefilled = 0;  // prompt tokens in the cache
+  bool finished = false;
+};
+
+Scheduler::Scheduler(Backend* backend, KvCache* cache, TokenBytes token_bytes,
+                     IsEndOfGeneration is_eog, const SchedulerOptions& options)
+    : backend_(backend),
+      cache_(cache),
+      token_bytes_(std::move(token_bytes)),
+      is_eog_(std::move(is_eog)),
+      options_(options) {}
+
+Scheduler::~Scheduler() {
+  for (auto& s : running_) cache_->Release(s->kv);
+}
+
+absl::StatusOr<uint64_t> Scheduler::Submit(GenerationRequest request) {
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= backend_->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " (id ", request.prompt[i],
+                                                     ") is outside the vocabulary"));
+    }
+  }
+  KV_RETURN_IF_ERROR(ValidateSamplingOptions(request.sampling));
+  KV_RETURN_IF_ERROR(ValidateStopOptions(request.stop, backend_->vocab_size()));
+  // Would it fit an empty cache? If not, no amount of waiting helps.
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_tokens;
+  if (cache_->Bf16SlotsNeeded(total) > cache_->bf16_pool().num_slots() ||
+      cache_->Int2SlotsNeeded(total) >
+          (cache_->int2_pool() ? cache_->int2_pool()->num_slots() : 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", request.prompt.size(), " tokens) + max_tokens (", request.stop.max_tokens,
+        ") needs more KV pages than this engine's cache holds; shorten the prompt or lower "
+        "max_tokens"));
+  }
+  if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request queue is full (", options_.max_waiting, " waiting)"));
+  }
+  auto s = std::make_unique<Sequence>();
+  s->id = next_id_++;
+  s->sampler = std::make_unique<Sampler>(request.sampling, options_.seed + s->id);
+  s->stop = std::make_unique<StopChecker>(request.stop, is_eog_);
+  s->kv.namespace_key = request.namespace_key;
+  s->request = std::move(request);
+  const uint64_t id = s->id;
+  waiting_.push_back(std::move(s));
+  return id;
+}
+
+void Scheduler::Cancel(uint64_t sequence_id, FinishReason reason) {
+  cancelled_.emplace(sequence_id, reason);
+}
+
+void Scheduler::Finish(Sequence& s, FinishReason reason, std::vector<GenerationEvent>* events,
+                       std::string text) {
+  GenerationEvent e;
+  e.sequence_id = s.id;
+  e.request_id = s.request.request_id;
+  e.finish = reason;
+  e.text = std::move(text);
+  e.prompt_tokens = static_cast<int>(s.request.prompt.size());
+  e.generated_tokens = static_cast<int>(s.generated.size());
+  events->push_back(std::move(e));
+  cache_->Release(s.kv);
+  s.finished = true;
+}
+
+absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
+  // Cancellations, in the queue and among running sequences.
+  if (!cancelled_.empty()) {
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      auto c = cancelled_.find((*it)->id);
+      if (c != cancelled_.end()) {
+        Finish(**it, c->second, events);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& s : running_) {
+      auto c = cancelled_.find(s->id);
+      if (c != cancelled_.end() && !s->finished) Finish(*s, c->second, events);
+    }
+    cancelled_.clear();
+    std::erase_if(running_, [](const auto& s) { return s->finished; });
+  }
+  // Admission, first come first served: a request that does not fit blocks those behind it,
+  // so a long prompt is not starved by short ones.
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
+    Sequence& s = *waiting_.front();
+    const int64_t total = static_cast<int64_t>(s.request.prompt.size()) + s.request.stop.max_tokens;
+    absl::Status reserved = cache_->Reserve(s.kv, total);
+    if (absl::IsResourceExhausted(reserved)) break;
+    KV_RETURN_IF_ERROR(reserved);
+    s.kv.tokens = s.request.prompt;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  if (running_.empty()) return absl::OkStatus();
+
+  // The batch: every decoding sequence's last token, then prefill chunks within the budget.
+  std::vector<ForwardItem> batch;
+  std::vector<Sequence*> owners;
+  int budget = options_.max_step_tokens;
+  for (auto& s : running_) {
+    if (s->prefilled < static_cast<int64_t>(s->request.prompt.size())) continue;
+    batch.push_back({&s->kv, s->kv.num_tokens, 1, false});
+    owners.push_back(s.get());
+    --budget;
+  }
+  for (auto& s : running_) {
+    const int64_t remaining = static_cast<int64_t>(s->request.prompt.size()) - s->prefilled;
+    if (remaining <= 0) continue;
+    // An empty batch always takes at least one token, so every step makes progress.
+    const int64_t allowed = std::max<int64_t>(budget, batch.empty() ? 1 : 0);
+    const int chunk = static_cast<int>(
+        std::min<int64_t>({remaining, static_cast<int64_t>(options_.prefill_chunk), allowed}));
+    if (chunk <= 0) break;
+    batch.push_back({&s->kv, s->prefilled, chunk, false});
+    owners.push_back(s.get());
+    budget -= chunk;
+  }
+  KV_RETURN_IF_ERROR(backend_->Forward(batch, &logits_));
+
+  const int vocab = backend_->vocab_size();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *owners[i];
+    const bool was_prefill = s.prefilled < static_cast<int64_t>(s.request.prompt.size());
+    if (was_prefill) {
+      s.prefilled += batch[i].n;
+      if (s.prefilled < static_cast<int64_t>(s.request.prompt.size())) continue;  // more chunks
+    }
+    const SampledToken t =
+        s.sampler->Sample(std::span<const float>(logits_.data() + i * vocab, vocab), s.generated);
+    s.generated.push_back(t.token);
+    const StopChecker::Step stop =
+        s.stop->Add(t.token, token_bytes_(t.token), static_cast<int>(s.generated.size()));
+    GenerationEvent e;
+    e.sequence_id = s.id;
+    e.request_id = s.request.request_id;
+    e.token = t.token;
+    e.logprob = t.logprob;
+    e.top_logprobs = t.top;
+    e.text = stop.text;
+    e.prompt_tokens = static_cast<int>(s.request.prompt.size());
+    e.generated_tokens = static_cast<int>(s.generated.size());
+    e.finish = stop.finish;
+    events->push_back(std::move(e));
+    if (stop.finish != FinishReason::kNone) {
+      cache_->Release(s.kv);
+      s.finished = true;
+    } else {
+      s.kv.tokens.push_back(t.token);  // the next step's input
+    }
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  return absl::OkStatus();
+}
+
+}  // namespace kvstrata::engine

@@ -1,0 +1,93 @@
+#pragma once
+
+// Continuous batching on one engine: requests queue, are admitted when the KV cache can hold
+// them whole (prompt + max_tokens, reserved up front so a running sequence never runs out of
+// pages), prefill in chunks, and decode together; every Step() runs one forward pass over
+// the decode tokens of all running sequences plus prefill chunks up to a token budget.
+// Thread-compatible: the owner calls it from one thread (the decode service's engine loop).
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/radix_hash.h"
+#include "engine/backend.h"
+#include "engine/kv_cache.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+
+namespace kvstrata::engine {
+
+struct GenerationRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  SamplingOptions sampling;
+  StopOptions stop;
+  PageKey namespace_key;  // radix-hash root for this request's pages (model, format, salt)
+};
+
+struct GenerationEvent {
+  uint64_t sequence_id = 0;
+  std::string request_id;
+  int32_t token = -1;  // the generated token, -1 when the event carries none
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+  std::string text;  // text that may be streamed now
+  FinishReason finish = FinishReason::kNone;
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+};
+
+struct SchedulerOptions {
+  int max_running = 8;             // sequences decoding together
+  int max_waiting = 256;           // queued requests before Submit answers ResourceExhausted
+  int max_step_tokens = 512;       // tokens per forward pass (decode tokens + prefill chunks)
+  int prefill_chunk = 256;         // largest chunk of one prompt per step
+  uint64_t seed = 0x6b7673747261;  // default sampling seed base for unseeded requests
+};
+
+class Scheduler {
+ public:
+  using TokenBytes = std::function<std::string(int32_t)>;
+  using IsEndOfGeneration = std::function<bool(int32_t)>;
+
+  Scheduler(Backend* backend, KvCache* cache, TokenBytes token_bytes, IsEndOfGeneration is_eog,
+            const SchedulerOptions& options);
+  ~Scheduler();
+
+  // Validates and queues a request. InvalidArgument (naming the field) for bad options or a
+  // request the KV cache could never hold; ResourceExhausted when the queue is full.
+  absl::StatusOr<uint64_t> Submit(GenerationRequest request);
+  // Ends a sequence at the next Step with the given reason (idempotent; unknown ids ignored).
+  void Cancel(uint64_t sequence_id, FinishReason reason = FinishReason::kCancelled);
+  // Runs one forward pass (if there is work) and appends the resulting events.
+  absl::Status Step(std::vector<GenerationEvent>* events);
+
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int running() const { return static_cast<int>(running_.size()); }
+  int waiting() const { return static_cast<int>(waiting_.size()); }
+
+ private:
+  struct Sequence;
+  void Finish(Sequence& s, FinishReason reason, std::vector<GenerationEvent>* events,
+              std::string text = "");
+
+  Backend* backend_;
+  KvCache* cache_;
+  TokenBytes token_bytes_;
+  IsEndOfGeneration is_eog_;
+  SchedulerOptions options_;
+  uint64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::unordered_map<uint64_t, FinishReason> cancelled_;
+  std::vector<float> logits_;
+};
+
+}  // namespace kvstrata::engine

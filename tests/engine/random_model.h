@@ -1,0 +1,86 @@
+#pragma once
+
+// A small Llama-shaped model with seeded random weights, built in memory, for engine tests
+// that need a model but not a real one (the real model has its own tests).
+
+#include <random>
+
+#include "model/model.h"
+
+namespace kvstrata::engine::testing {
+
+struct RandomModelOptions {
+  int layers = 2;
+  int hidden = 64;
+  int heads = 4;
+  int kv_heads = 2;
+  int head_dim = 64;
+  int intermediate = 128;
+  int vocab = 300;
+  model::Architecture arch = model::Architecture::kLlama;
+  uint32_t seed = 1;
+};
+
+inline model::LoadedModel RandomModel(const RandomModelOptions& o) {
+  model::LoadedModel m;
+  model::ModelConfig& c = m.config;
+  c.arch = o.arch;
+  c.name = "random-test-model";
+  c.vocab_size = o.vocab;
+  c.hidden_size = o.hidden;
+  c.intermediate_size = o.intermediate;
+  c.num_layers = o.layers;
+  c.num_heads = o.heads;
+  c.num_kv_heads = o.kv_heads;
+  c.head_dim = o.head_dim;
+  c.rope_theta = 10000.0f;
+  c.rope_layout = model::RopeLayout::kHalfSplit;
+  c.max_context = 4096;
+  c.tied_embeddings = true;
+  c.qkv_bias = o.arch == model::Architecture::kQwen2;
+  c.qk_norm = o.arch == model::Architecture::kQwen3;
+  const int64_t q = int64_t{o.heads} * o.head_dim, kv = int64_t{o.kv_heads} * o.head_dim;
+  const int64_t per_layer = 2 * o.hidden + q * o.hidden * 2 + kv * o.hidden * 2 + q + 2 * kv +
+                            2 * o.head_dim + 3 * int64_t{o.intermediate} * o.hidden;
+  m.weights.arena.resize(int64_t{o.vocab} * o.hidden + o.hidden + per_layer * o.layers);
+  std::mt19937 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  float* next = m.weights.arena.data();
+  auto take = [&](int64_t count, float scale, float mean = 0.0f) {
+    float* p = next;
+    for (int64_t i = 0; i < count; ++i) p[i] = mean + scale * normal(rng);
+    next += count;
+    return p;
+  };
+  const float w = 1.0f / std::sqrt(static_cast<float>(o.hidden));
+  m.weights.token_embedding = take(int64_t{o.vocab} * o.hidden, 1.0f);
+  m.weights.lm_head = m.weights.token_embedding;
+  m.weights.output_norm = take(o.hidden, 0.05f, 1.0f);
+  for (int l = 0; l < o.layers; ++l) {
+    model::LayerWeights lw;
+    lw.attn_norm = take(o.hidden, 0.05f, 1.0f);
+    lw.wq = take(q * o.hidden, 2.0f * w);
+    lw.wk = take(kv * o.hidden, 2.0f * w);
+    lw.wv = take(kv * o.hidden, w);
+    if (c.qkv_bias) {
+      lw.bq = take(q, 0.1f);
+      lw.bk = take(kv, 0.1f);
+      lw.bv = take(kv, 0.1f);
+    }
+    if (c.qk_norm) {
+      lw.q_norm = take(o.head_dim, 0.05f, 1.0f);
+      lw.k_norm = take(o.head_dim, 0.05f, 1.0f);
+    }
+    lw.wo = take(o.hidden * q, w);
+    lw.ffn_norm = take(o.hidden, 0.05f, 1.0f);
+    lw.w_gate = take(int64_t{o.intermediate} * o.hidden, w);
+    lw.w_up = take(int64_t{o.intermediate} * o.hidden, w);
+    lw.w_down = take(int64_t{o.hidden} * o.intermediate,
+                     1.0f / std::sqrt(static_cast<float>(o.intermediate)));
+    m.weights.layers.push_back(lw);
+  }
+  m.fingerprint = "random-" + std::to_string(o.seed);
+  return m;
+}
+
+}  // namespace kvstrata::engine::testing
