@@ -246,6 +246,12 @@ bool CheckPageRoundTrip(const Synthetic& s) {
 
 }  // namespace
 
+int RunFormatDemo();
+KVSTRATA_COMMAND(format_demo, "format-demo",
+                 "every KV format side by side on synthetic K/V with outlier channels: bits "
+                 "per element and attention errors",
+                 RunFormatDemo);
+
 int RunFormatDemo() {
   const int n = absl::GetFlag(FLAGS_context);
   const int d = absl::GetFlag(FLAGS_head_dim);

@@ -5,44 +5,68 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "tools/kvstrata/commands.h"
+
+namespace kvstrata::cli {
+
+std::map<std::string, Command>& Commands() {
+  static auto* commands = new std::map<std::string, Command>();
+  return *commands;
+}
+
+}  // namespace kvstrata::cli
 
 namespace {
 
-constexpr char kUsage[] = R"(kvstrata: a 2-bit KV cache for long-context LLM serving.
-
-usage: kvstrata <command> [flags]
-
-commands:
-  format-demo   quantise synthetic K/V with outlier channels in every KV format kvstrata
-                supports or compares against, and print bits per element and errors
-  help          this text; `kvstrata <command> --help` shows a command's flags
-)";
+std::string Usage() {
+  std::string text =
+      "kvstrata: a 2-bit KV cache for long-context LLM serving.\n\n"
+      "usage: kvstrata <command> [flags]\n\ncommands:\n";
+  for (const auto& [name, command] : kvstrata::cli::Commands()) {
+    text += "  " + name + std::string(name.size() < 14 ? 14 - name.size() : 1, ' ') +
+            command.summary + "\n";
+  }
+  text += "  help          this text; `kvstrata <command> --help` lists a command's flags\n";
+  return text;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
-      std::strcmp(argv[1], "-h") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+  const std::string usage = Usage();
+  absl::SetProgramUsageMessage(usage);
+  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "-h")) {
+    std::fputs(usage.c_str(), argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  const std::string command = argv[1];
-  // Drop the subcommand so absl sees only the flags.
-  std::vector<char*> args{argv[0]};
-  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  const std::string name = argv[1];
+  const auto it = kvstrata::cli::Commands().find(name);
+  if (it == kvstrata::cli::Commands().end()) {
+    std::fprintf(stderr, "kvstrata: unknown command '%s'\n\n%s", name.c_str(), usage.c_str());
+    return 2;
+  }
+  // Drop the command name so absl sees only flags; accept --max-tokens as --max_tokens.
+  std::vector<std::string> storage{argv[0]};
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) == 0) {
+      const size_t end = std::min(arg.find('='), arg.size());
+      for (size_t j = 2; j < end; ++j) {
+        if (arg[j] == '-') arg[j] = '_';
+      }
+    }
+    storage.push_back(std::move(arg));
+  }
+  std::vector<char*> args;
+  for (std::string& s : storage) args.push_back(s.data());
   const std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) {
-    std::fprintf(stderr, "kvstrata %s: unexpected argument '%s'\n", command.c_str(), positional[1]);
+    std::fprintf(stderr, "kvstrata %s: unexpected argument '%s'\n", name.c_str(), positional[1]);
     return 2;
   }
-  if (command == "format-demo") return kvstrata::cli::RunFormatDemo();
-  std::fprintf(stderr, "kvstrata: unknown command '%s'\n\n%s", command.c_str(), kUsage);
-  return 2;
+  return it->second.run();
 }
