@@ -128,7 +128,8 @@ void Run(int batch, int context, int iters, int sms) {
   p.out = out;
   p.lse = lse;
   const SplitDecodePlan plan =
-      PlanSplitDecode(batch, kv_heads, d, hist_pages, 1 + recent_pages, sms);
+      PlanSplitDecode(batch, kv_heads, d, hist_pages, 1 + recent_pages, sms,
+                                               SplitDecodeCtasPerSm(d));
   void* ws;
   CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
 
@@ -163,7 +164,8 @@ void Run(int batch, int context, int iters, int sms) {
     SplitDecodeCudaParams h = p;
     h.segments[0].indptr = upload(zeros);
     h.segments[2].indptr = upload(zeros);
-    const SplitDecodePlan hplan = PlanSplitDecode(batch, kv_heads, d, hist_pages, 0, sms);
+    const SplitDecodePlan hplan = PlanSplitDecode(batch, kv_heads, d, hist_pages, 0, sms,
+                                                SplitDecodeCtasPerSm(d));
     cudaGraph_t hg;
     cudaGraphExec_t hexec;
     CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));

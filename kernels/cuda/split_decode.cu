@@ -47,9 +47,9 @@ __device__ __forceinline__ uint32_t ExtractPair(uint32_t w, uint32_t w10, int p)
                : Lop3AndOr(w10, 0x00030003u << (2 * (p - 5)), 0x64006400u);
 }
 
-// 1 / 4^j for the weight of pair p.
-__host__ __device__ constexpr float PairWeightInv(int p) {
-  return 1.0f / static_cast<float>(1 << (2 * (p < 5 ? p : p - 5)));
+// 1 / 4^j for the weight of pair p: an exact power of two, built from its exponent bits.
+__device__ __forceinline__ float PairWeightInv(int p) {
+  return __int_as_float((127 - 2 * (p < 5 ? p : p - 5)) << 23);
 }
 
 // The K pair index of channel d (KCodeBit's `pair`).
@@ -62,6 +62,14 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 2^x in one MUFU instruction (exp2f adds range fix-ups we do not need: x <= 0 here, and
+// results below 2^-126 are as good as zero for softmax weights).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
@@ -187,7 +195,10 @@ __device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>&
       s[i][e] = HalfHi(kp) * sumq[col] + HalfLo(kp) * (s[i][e] - 1024.0f * sumq4[col]);
     }
   }
-  // Online softmax per head column.
+  // Online softmax per head column. Once the running maxima settle the rescale is skipped
+  // (a warp-uniform vote), which changes nothing numerically: alpha would be exactly 1.
+  float alpha[2];
+  bool moved = false;
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
     float mx = fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2]));
@@ -196,15 +207,21 @@ __device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>&
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
     const float m_new = fmaxf(st.m[col], mx);
-    const float alpha = exp2f(st.m[col] - m_new);  // 0 on the first page (m = -inf)
+    moved |= m_new != st.m[col];
+    alpha[col] = Exp2(st.m[col] - m_new);  // 0 on the first page (m = -inf)
     st.m[col] = m_new;
-    st.l[col] *= alpha;
-    st.sp[col] *= alpha;
-    st.spo[col] *= alpha;
+  }
+  if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-    for (int mb = 0; mb < D / 16; ++mb) {
-      st.o[mb][col] *= alpha;
-      st.o[mb][col + 2] *= alpha;
+    for (int col = 0; col < 2; ++col) {
+      st.l[col] *= alpha[col];
+      st.sp[col] *= alpha[col];
+      st.spo[col] *= alpha[col];
+#pragma unroll
+      for (int mb = 0; mb < D / 16; ++mb) {
+        st.o[mb][col] *= alpha[col];
+        st.o[mb][col + 2] *= alpha[col];
+      }
     }
   }
   // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed).
@@ -215,7 +232,7 @@ __device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>&
     for (int e = 0; e < 4; ++e) {
       const int col = e & 1;
       const uint32_t vp = r.vp[2 * i + (e >> 1)];
-      const float p = exp2f(s[i][e] - st.m[col]);
+      const float p = Exp2(s[i][e] - st.m[col]);
       st.l[col] += p;
       st.spo[col] += p * HalfHi(vp);
       pv[e] = p * HalfLo(vp);
@@ -299,18 +316,24 @@ __global__ void __launch_bounds__(kThreads, 3)
     bq[step][0] = PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
     bq[step][1] = PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
   }
-  // Σq and Σq' (the latter over the fp16 values the mma sees) for heads 2t, 2t+1.
+  // Σq and Σq' (the latter over the fp16 values the mma sees) per head: lane (g, t) sums a
+  // quarter of head g's channels, the quad reduces, then each lane fetches heads 2t and 2t+1.
+  float part_q = 0.0f, part_q4 = 0.0f;
+#pragma unroll
+  for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) {
+    const float q = s_q[g][d];
+    part_q += q;
+    part_q4 += __half2float(__float2half_rn(q * PairWeightInv(KPairOf(d))));
+  }
+  part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
+  part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
+  part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 1);
+  part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 2);
   float sumq[2], sumq4[2];
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
-    float a = 0.0f, c = 0.0f;
-    for (int d = 0; d < D; ++d) {
-      const float q = s_q[2 * t + col][d];
-      a += q;
-      c += __half2float(__float2half_rn(q * PairWeightInv(KPairOf(d))));
-    }
-    sumq[col] = a;
-    sumq4[col] = c;
+    sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
+    sumq4[col] = __shfl_sync(0xffffffffu, part_q4, 4 * (2 * t + col));
   }
   __syncthreads();  // every thread has its query fragments: the staging area is free
 
@@ -539,19 +562,35 @@ __global__ void FillKernel(uint8_t* pool, int64_t stride, int num_pages, KvGeome
 
 }  // namespace
 
+int SplitDecodeCtasPerSm(int head_dim) {
+  int blocks = 0;
+  const cudaError_t e =
+      head_dim == 64
+          ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<64>, kThreads, 0)
+          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<128>, kThreads, 0);
+  return e == cudaSuccess && blocks > 0 ? blocks : 1;
+}
+
 SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int max_history_pages,
-                                int max_window_pages, int num_sms) {
+                                int max_window_pages, int num_sms, int ctas_per_sm) {
   SplitDecodePlan plan;
   plan.window_pages = std::max(1, max_window_pages);
-  const int target_ctas = std::max(1, 4 * num_sms);
-  const int units = std::max(1, batch * num_kv_heads);
-  const int splits_wanted = std::max(1, (target_ctas + units - 1) / units);
+  const int64_t units = std::max(1, batch * num_kv_heads);
+  const int64_t capacity = int64_t{std::max(1, num_sms)} * std::max(1, ctas_per_sm);
   const int pages = std::max(1, max_history_pages);
-  // At least two pages per warp, so each warp overlaps a load with a compute.
-  plan.pages_per_split = std::max(2 * kWarps, (pages + splits_wanted - 1) / splits_wanted);
-  plan.splits = (pages + plan.pages_per_split - 1) / plan.pages_per_split;
-  const int64_t rows =
-      int64_t{batch} * num_kv_heads * (plan.window_pages + plan.splits) * kMaxGroup;
+  // Time ~ waves x (pages per CTA + a setup cost of about two pages): choose the split count
+  // that minimises it, so the last wave is not a sliver of a few CTAs.
+  double best = 1e300;
+  for (int splits = 1; splits <= std::min(pages, 512); ++splits) {
+    const int pps = (pages + splits - 1) / splits;
+    const int used = (pages + pps - 1) / pps;
+    if (used != splits) continue;
+    const int64_t ctas = units * splits;
+    const int64_t waves = (ctas + capacity - 1) / capacity;
+    const double cost = static_cast<double>(waves) * (static_cast<double>(pps) / kWarps + 2.0);
+    if (cost < best - 1e-9) best = cost, plan.splits = splits, plan.pages_per_split = pps;
+  }
+  const int64_t rows = units * (plan.window_pages + plan.splits) * kMaxGroup;
   plan.workspace_bytes = rows * head_dim * 4 + rows * 4;
   return plan;
 }

@@ -39,8 +39,12 @@ struct SplitDecodePlan {
 // max_history_pages / max_window_pages: the most INT2 pages, and the most BF16 pages (sink plus
 // recent), any sequence of the batch has (or will have while the plan is reused). num_sms: the
 // device's multiprocessor count.
+// ctas_per_sm: SplitDecodeCtasPerSm(head_dim) on the device that will run the plan.
 SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int max_history_pages,
-                                int max_window_pages, int num_sms);
+                                int max_window_pages, int num_sms, int ctas_per_sm);
+
+// How many history-kernel CTAs fit on one multiprocessor (a device query; 1 on failure).
+int SplitDecodeCtasPerSm(int head_dim);
 
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
 // INT2 group_size != head_dim, Lloyd-Max history). `workspace` holds plan.workspace_bytes.

@@ -139,7 +139,8 @@ double RunCase(const Case& c, uint32_t seed) {
     max_pages = std::max(max_pages, c.history_pages[b]);
     max_window = std::max(max_window, (c.sink[b] + 63) / 64 + (c.recent[b] + 63) / 64);
   }
-  const SplitDecodePlan plan = PlanSplitDecode(batch, c.kv_heads, d, max_pages, max_window, sms);
+  const SplitDecodePlan plan = PlanSplitDecode(batch, c.kv_heads, d, max_pages, max_window, sms,
+                                               c.fake_sms ? 1 : SplitDecodeCtasPerSm(d));
   void* workspace = nullptr;
   EXPECT_EQ(cudaMalloc(&workspace, plan.workspace_bytes), cudaSuccess);
   EXPECT_EQ(LaunchSplitDecode(p, plan, workspace, nullptr), cudaSuccess);
@@ -216,9 +217,8 @@ TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
 TEST(SplitDecodePlan, CoversEveryPage) {
   for (int pages : {0, 1, 7, 100, 2043}) {
     for (int batch : {1, 8, 32}) {
-      const SplitDecodePlan plan = PlanSplitDecode(batch, 8, 128, pages, 6, 132);
+      const SplitDecodePlan plan = PlanSplitDecode(batch, 8, 128, pages, 6, 132, 3);
       EXPECT_GE(int64_t{plan.splits} * plan.pages_per_split, pages);
-      EXPECT_GE(plan.pages_per_split, 8);
       EXPECT_GT(plan.workspace_bytes, 0);
     }
   }
