@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 namespace kvstrata::kernels {
@@ -72,9 +73,11 @@ void QuantizeRowInt2(const float* row, int head_dim, int group_size, float clip_
 void DequantizeRowInt2(const uint8_t* codes, const uint16_t* params, int head_dim, int group_size,
                        PageEncoding encoding, float* row) {
   const Int2Levels levels = LevelsFor(encoding);
-  for (int c = 0; c < head_dim; ++c) {
-    const int g = c / group_size;
-    row[c] = Fp16ToFloat(params[2 * g + 1]) + Fp16ToFloat(params[2 * g]) * levels.v[codes[c] & 3];
+  for (int g = 0; g * group_size < head_dim; ++g) {
+    const float s = Fp16ToFloat(params[2 * g]), m = Fp16ToFloat(params[2 * g + 1]);
+    const float value[4] = {m + s * levels.v[0], m + s * levels.v[1], m + s * levels.v[2],
+                            m + s * levels.v[3]};
+    for (int c = g * group_size; c < (g + 1) * group_size; ++c) row[c] = value[codes[c] & 3];
   }
 }
 
@@ -91,27 +94,56 @@ constexpr int kInt2PageTokens = 64;  // the V layout is defined over 64-token bl
 
 }  // namespace
 
+namespace {
+
+// Bit positions of the layouts, computed once per head_dim: decoding a block is then a table
+// walk instead of evaluating KCodeBit/VCodeBit per code.
+struct LayoutTables {
+  int head_dim;
+  std::vector<uint16_t> k;  // [head_dim]: bit within a K row
+  std::vector<uint16_t> v;  // [64 * head_dim]: bit within a V block
+};
+
+const LayoutTables& Tables(int head_dim) {
+  static const LayoutTables* tables[2] = {nullptr, nullptr};
+  static std::once_flag once[2];
+  const int which = head_dim == 64 ? 0 : 1;
+  std::call_once(once[which], [&] {
+    auto* t = new LayoutTables{head_dim, std::vector<uint16_t>(head_dim),
+                               std::vector<uint16_t>(kInt2PageTokens * head_dim)};
+    for (int c = 0; c < head_dim; ++c) t->k[c] = static_cast<uint16_t>(KCodeBit(c, head_dim));
+    for (int tok = 0; tok < kInt2PageTokens; ++tok)
+      for (int c = 0; c < head_dim; ++c)
+        t->v[tok * head_dim + c] = static_cast<uint16_t>(VCodeBit(tok, c, head_dim));
+    tables[which] = t;
+  });
+  return *tables[which];
+}
+
+}  // namespace
+
 void PackKRow(const uint8_t* codes, int head_dim, uint8_t* packed) {
-  for (int c = 0; c < head_dim; ++c) PutCode(packed, KCodeBit(c, head_dim), codes[c]);
+  std::memset(packed, 0, head_dim / 4);
+  const std::vector<uint16_t>& bits = Tables(head_dim).k;
+  for (int c = 0; c < head_dim; ++c) packed[bits[c] / 8] |= (codes[c] & 3) << (bits[c] % 8);
 }
 
 void UnpackKRow(const uint8_t* packed, int head_dim, uint8_t* codes) {
-  for (int c = 0; c < head_dim; ++c) codes[c] = GetCode(packed, KCodeBit(c, head_dim));
+  const std::vector<uint16_t>& bits = Tables(head_dim).k;
+  for (int c = 0; c < head_dim; ++c) codes[c] = GetCode(packed, bits[c]);
 }
 
 void PackVBlock(const uint8_t* codes, int head_dim, uint8_t* packed) {
-  for (int t = 0; t < kInt2PageTokens; ++t) {
-    for (int c = 0; c < head_dim; ++c) {
-      PutCode(packed, VCodeBit(t, c, head_dim), codes[t * head_dim + c]);
-    }
+  std::memset(packed, 0, kInt2PageTokens * head_dim / 4);
+  const std::vector<uint16_t>& bits = Tables(head_dim).v;
+  for (int i = 0; i < kInt2PageTokens * head_dim; ++i) {
+    packed[bits[i] / 8] |= (codes[i] & 3) << (bits[i] % 8);
   }
 }
 
 void UnpackVBlock(const uint8_t* packed, int head_dim, uint8_t* codes) {
-  for (int t = 0; t < kInt2PageTokens; ++t) {
-    for (int c = 0; c < head_dim; ++c)
-      codes[t * head_dim + c] = GetCode(packed, VCodeBit(t, c, head_dim));
-  }
+  const std::vector<uint16_t>& bits = Tables(head_dim).v;
+  for (int i = 0; i < kInt2PageTokens * head_dim; ++i) codes[i] = GetCode(packed, bits[i]);
 }
 
 void EncodeInt2Block(const float* rows, int num_tokens, const KvGeometry& g, float clip_ratio,
