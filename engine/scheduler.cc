@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -109,7 +110,13 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     const int64_t total = static_cast<int64_t>(s.request.prompt.size()) + s.request.stop.max_tokens;
     absl::Status reserved = cache_->Reserve(s.kv, total);
     if (absl::IsResourceExhausted(reserved)) break;
-    KV_RETURN_IF_ERROR(reserved);
+    if (!reserved.ok()) {  // can never run: end it rather than block the queue behind it
+      std::fprintf(stderr, "kvstrata: request %s: %s\n", s.request.request_id.c_str(),
+                   std::string(reserved.message()).c_str());
+      Finish(s, FinishReason::kError, events);
+      waiting_.pop_front();
+      continue;
+    }
     s.kv.tokens = s.request.prompt;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -138,7 +145,15 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     owners.push_back(s.get());
     budget -= chunk;
   }
-  KV_RETURN_IF_ERROR(backend_->Forward(batch, &logits_));
+  if (absl::Status forward = backend_->Forward(batch, &logits_); !forward.ok()) {
+    // The batch's cache state is unknown now: end every sequence in it (with an error event)
+    // so the engine keeps serving the others and later requests.
+    for (Sequence* s : owners) {
+      if (!s->finished) Finish(*s, FinishReason::kError, events);
+    }
+    std::erase_if(running_, [](const auto& s) { return s->finished; });
+    return forward;
+  }
 
   const int vocab = backend_->vocab_size();
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -151,3 +151,42 @@ TEST_F(SchedulerTest, QueueLimitAnswersResourceExhausted) {
 
 }  // namespace
 }  // namespace kvstrata::engine
+
+namespace kvstrata::engine {
+namespace {
+
+// A backend that fails every forward pass: the scheduler must end the batch's sequences with
+// an error event and keep working (a failure a real backend can only produce rarely).
+class FailingBackend final : public Backend {
+ public:
+  absl::Status Forward(const std::vector<ForwardItem>&, std::vector<float>*,
+                       ForwardObserver*) override {
+    return absl::InternalError("injected failure");
+  }
+  int vocab_size() const override { return 10; }
+};
+
+TEST(SchedulerFailures, AFailedForwardEndsItsSequencesAndFreesTheirPages) {
+  KvCacheOptions o;
+  o.capacity_bytes = 16 << 20;
+  o.max_sequences = 2;
+  auto cache = *KvCache::Create({1, 1, 64, 64, 64}, o);
+  FailingBackend backend;
+  Scheduler s(
+      &backend, cache.get(), [](int32_t) { return std::string("x"); },
+      [](int32_t) { return false; }, {});
+  GenerationRequest r;
+  r.prompt = {1, 2, 3};
+  r.stop.max_tokens = 4;
+  const uint64_t id = *s.Submit(r);
+  std::vector<GenerationEvent> events;
+  EXPECT_FALSE(s.Step(&events).ok());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].sequence_id, id);
+  EXPECT_EQ(events[0].finish, FinishReason::kError);
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(cache->free_bf16_slots(), cache->bf16_pool().num_slots());
+}
+
+}  // namespace
+}  // namespace kvstrata::engine
