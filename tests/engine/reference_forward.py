@@ -5,9 +5,12 @@ Reads a GGUF Llama-family model with the `gguf` package (its own dequantisation)
 numpy float32 forward pass with the BF16 KV cache semantics (keys after RoPE and values rounded
 to bfloat16, nothing else rounded), and writes the logits of every position.
 
-    reference_forward.py MODEL.gguf OUT.f32 TOKEN [TOKEN ...]
+    reference_forward.py [--fp32-kv] MODEL.gguf OUT.f32 TOKEN [TOKEN ...] [-- TOKEN ...]
 
-OUT.f32 receives float32 little-endian logits, [num_tokens][vocab]. Written from the GGUF
+Each "--" starts another, independent sequence (the model is read and dequantised once).
+OUT.f32 receives float32 little-endian logits, [total tokens][vocab], the sequences' rows in
+order. --fp32-kv keeps keys and values in float32 instead (a deliberately different semantics,
+for checking that a comparison can tell the two apart). Written from the GGUF
 conventions (row-major [out][in] matrices; "llama" files carry q/k rows permuted for RoPE on
 adjacent channel pairs; qwen2/qwen3 rotate the two halves of each head), not from the C++ code.
 """
@@ -41,7 +44,8 @@ def to_bf16(x):
 
 
 def rms_norm(x, w, eps):
-    return x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps).astype(np.float32) * w
+    ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps).astype(np.float32) * w
 
 
 def rope(x, positions, theta, interleaved):
@@ -66,8 +70,20 @@ def rope(x, positions, theta, interleaved):
 
 
 def main():
-    model_path, out_path = sys.argv[1], sys.argv[2]
-    tokens = np.array([int(t) for t in sys.argv[3:]], dtype=np.int64)
+    args = sys.argv[1:]
+    fp32_kv = "--fp32-kv" in args
+    args = [a for a in args if a != "--fp32-kv"]
+    if len(args) < 3:
+        sys.exit(__doc__)
+    model_path, out_path = args[0], args[1]
+    sequences = [[]]
+    for a in args[2:]:
+        if a == "--":
+            sequences.append([])
+        else:
+            sequences[-1].append(int(a))
+    if any(not s for s in sequences):
+        sys.exit("reference_forward.py: every sequence needs at least one token")
     reader = GGUFReader(model_path)
     arch = field(reader, "general.architecture")
     n_layers = int(field(reader, f"{arch}.block_count"))
@@ -78,8 +94,19 @@ def main():
     eps = float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon"))
     theta = float(field(reader, f"{arch}.rope.freq_base", 10000.0))
     interleaved = arch == "llama"
+    if arch not in ("llama", "qwen2", "qwen3"):
+        sys.exit(f"reference_forward.py: unsupported architecture {arch}")
+    config = dict(n_layers=n_layers, n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, eps=eps,
+                  theta=theta, interleaved=interleaved, fp32_kv=fp32_kv)
     w = tensors(reader)
+    with open(out_path, "wb") as out:
+        for s in sequences:
+            forward(w, np.array(s, dtype=np.int64), **config).astype("<f4").tofile(out)
 
+
+def forward(w, tokens, n_layers, n_heads, n_kv, head_dim, eps, theta, interleaved, fp32_kv):
+    """Logits [len(tokens)][vocab] of one sequence."""
+    round_kv = (lambda a: a) if fp32_kv else to_bf16
     n = len(tokens)
     positions = np.arange(n)
     x = w["token_embd.weight"][tokens]
@@ -100,8 +127,8 @@ def main():
             q = rms_norm(q, w[p + "attn_q_norm.weight"], eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], eps)
         q = rope(q, positions, theta, interleaved)
-        k = to_bf16(rope(k, positions, theta, interleaved))
-        v = to_bf16(v)
+        k = round_kv(rope(k, positions, theta, interleaved))
+        v = round_kv(v)
         out = np.empty((n, n_heads, head_dim), dtype=np.float32)
         for hq in range(n_heads):
             kv = hq // group
@@ -114,11 +141,12 @@ def main():
         h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
         gate = h @ w[p + "ffn_gate.weight"].T
         up = h @ w[p + "ffn_up.weight"].T
-        x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ w[p + "ffn_down.weight"].T
+        with np.errstate(over="ignore"):  # exp(-gate) = inf for very negative gates: silu -> -0
+            silu = gate / (1.0 + np.exp(-gate))
+        x = x + (silu * up) @ w[p + "ffn_down.weight"].T
     h = rms_norm(x, w["output_norm.weight"], eps)
     head = w.get("output.weight", w["token_embd.weight"])
-    logits = (h @ head.T).astype("<f4")
-    logits.tofile(out_path)
+    return h @ head.T
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ ABSL_FLAG(int, head_dim, 128, "head dimension: 64 or 128");
 ABSL_FLAG(int, queries, 256, "decode queries evaluated (and as many for calibration)");
 ABSL_FLAG(float, key_clip, 0.96f, "clip ratio for keys in the OSCAR formats, in (0, 1]");
 ABSL_FLAG(float, value_clip, 0.92f, "clip ratio for values in the OSCAR formats, in (0, 1]");
-ABSL_FLAG(uint32_t, seed, 1, "seed of the synthetic data");
+ABSL_FLAG(uint32_t, seed, 1,
+          "random seed (format-demo: the synthetic data; generate: sampling, when temperature > 0)");
 
 namespace kvstrata::cli {
 namespace {

@@ -1,0 +1,412 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "engine/cpu_backend.h"
+#include "model/loader.h"
+#include "model/safetensors.h"
+
+namespace kvstrata::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The checks that need no model: run before a model is loaded, so a bad option fails fast.
+absl::Status ValidateOptionsAlone(const EngineOptions& o) {
+  const KvCacheOptions& kv = o.kv_cache;
+  const SchedulerOptions& s = o.scheduler;
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (kv.capacity_bytes <= 0) {
+    return bad("kv_cache.capacity_bytes=", kv.capacity_bytes, " must be positive");
+  }
+  if (kv.max_sequences < 1) {
+    return bad("kv_cache.max_sequences=", kv.max_sequences, " must be >= 1");
+  }
+  if (kv.max_chunk_tokens < 1) {
+    return bad("kv_cache.max_chunk_tokens=", kv.max_chunk_tokens, " must be >= 1");
+  }
+  if (kv.layout.page_tokens != 64) {
+    return bad("kv_cache.layout.page_tokens=", kv.layout.page_tokens,
+               " must be 64 (the page format's page size)");
+  }
+  if (kv.layout.sink_tokens < 0 || kv.layout.sink_tokens % kv.layout.page_tokens != 0) {
+    return bad("kv_cache.layout.sink_tokens=", kv.layout.sink_tokens,
+               " must be a non-negative multiple of the page size (64)");
+  }
+  if (kv.layout.recent_tokens < 1) {
+    return bad("kv_cache.layout.recent_tokens=", kv.layout.recent_tokens, " must be >= 1");
+  }
+  if (kv.group_size < 0) return bad("kv_cache.group_size=", kv.group_size, " must be >= 0");
+  if (s.max_running < 1 || s.max_running > kv.max_sequences) {
+    return bad("scheduler.max_running=", s.max_running,
+               " must be in [1, kv_cache.max_sequences=", kv.max_sequences,
+               "] (the BF16 page pool is sized for max_sequences)");
+  }
+  if (s.max_waiting < 1) return bad("scheduler.max_waiting=", s.max_waiting, " must be >= 1");
+  if (s.prefill_chunk < 1 || s.prefill_chunk > kv.max_chunk_tokens) {
+    return bad("scheduler.prefill_chunk=", s.prefill_chunk,
+               " must be in [1, kv_cache.max_chunk_tokens=", kv.max_chunk_tokens,
+               "] (each sequence's BF16 working set is sized for max_chunk_tokens)");
+  }
+  if (s.max_step_tokens < s.max_running) {
+    return bad("scheduler.max_step_tokens=", s.max_step_tokens,
+               " must be >= scheduler.max_running=", s.max_running,
+               " so prefill advances while the others decode");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateEngineOptions(const EngineOptions& o, const model::ModelConfig& config) {
+  KV_RETURN_IF_ERROR(ValidateOptionsAlone(o));
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's head_dim=", config.head_dim,
+                     " is not supported by the KV page format (64 or 128)"));
+  }
+  const int g = o.kv_cache.group_size;
+  if (g != 0 && (g % 16 != 0 || config.head_dim % g != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache.group_size=", g,
+                                                   " must be 0 (= head_dim) or a multiple of 16 "
+                                                   "dividing the model's head_dim=",
+                                                   config.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+double GenerationStats::prefill_tokens_per_second() const {
+  return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0.0;
+}
+
+double GenerationStats::decode_tokens_per_second() const {
+  return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0.0;
+}
+
+// The CPU backend plus a record of each sequence's cache after the last forward pass, taken
+// before the scheduler can free it (Generate reports it as the KV actually held).
+class Engine::MeteredBackend final : public Backend {
+ public:
+  struct ItemKv {
+    int64_t tokens = 0;
+    int64_t bytes = 0;
+    int64_t bf16_pages = 0;
+    int64_t int2_pages = 0;
+  };
+
+  MeteredBackend(std::unique_ptr<Backend> inner, const KvCache* cache)
+      : inner_(std::move(inner)), cache_(cache) {}
+
+  absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
+                       ForwardObserver* observer) override {
+    KV_RETURN_IF_ERROR(inner_->Forward(batch, logits, observer));
+    last_.clear();
+    for (const ForwardItem& item : batch) {
+      ItemKv kv;
+      kv.tokens = item.seq->num_tokens;
+      kv.bytes = cache_->SequenceBytes(*item.seq);
+      for (int32_t s : item.seq->bf16_slot) kv.bf16_pages += s >= 0;
+      for (int32_t s : item.seq->int2_slot) kv.int2_pages += s >= 0;
+      last_.push_back(kv);
+    }
+    return absl::OkStatus();
+  }
+  int vocab_size() const override { return inner_->vocab_size(); }
+  const std::vector<ItemKv>& last() const { return last_; }
+  void ForgetLast() { last_.clear(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  const KvCache* cache_;
+  std::vector<ItemKv> last_;
+};
+
+Engine::Engine(std::shared_ptr<const model::LoadedModel> model, tokenizer::Tokenizer tokenizer,
+               const EngineOptions& options)
+    : options_(options), model_(std::move(model)), tokenizer_(std::move(tokenizer)) {}
+
+Engine::~Engine() = default;
+
+Backend& Engine::backend() { return *backend_; }
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
+  KV_RETURN_IF_ERROR(ValidateOptionsAlone(options));
+  if (options.model_path.empty()) return absl::InvalidArgumentError("model_path is empty");
+  std::error_code ec;
+  const std::filesystem::file_status model_status = std::filesystem::status(options.model_path, ec);
+  if (!std::filesystem::exists(model_status)) {
+    return absl::NotFoundError(absl::StrCat("model_path ", options.model_path, " does not exist"));
+  }
+  if (!options.rotations_path.empty() && !std::filesystem::exists(options.rotations_path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("rotations_path ", options.rotations_path, " does not exist"));
+  }
+  absl::StatusOr<model::LoadedModel> loaded = std::filesystem::is_directory(model_status)
+                                                  ? model::LoadHfModel(options.model_path)
+                                                  : model::LoadGgufModel(options.model_path);
+  if (!loaded.ok()) return loaded.status();
+  return Create(std::make_shared<const model::LoadedModel>(std::move(*loaded)), options);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    std::shared_ptr<const model::LoadedModel> model, const EngineOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("no model");
+  const model::ModelConfig& c = model->config;
+  KV_RETURN_IF_ERROR(ValidateEngineOptions(options, c));
+  KV_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::Create(model->tokenizer));
+  std::unique_ptr<Engine> e(new Engine(model, std::move(tok), options));
+
+  if (!model->tokenizer.chat_template.empty()) {
+    absl::StatusOr<tokenizer::ChatTemplate> t =
+        tokenizer::ChatTemplate::FromJinja(model->tokenizer.chat_template);
+    if (t.ok()) e->chat_template_ = std::move(*t);  // else EncodeChat says there is none
+  }
+  for (int32_t id = 0; id < e->tokenizer_.vocab_size(); ++id) {
+    if (!e->tokenizer_.IsControl(id)) continue;
+    const std::string_view text = e->tokenizer_.TokenBytes(id);
+    if (!text.empty()) e->control_tokens_.emplace_back(std::string(text), id);
+  }
+  std::stable_sort(e->control_tokens_.begin(), e->control_tokens_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+
+  std::string rotations_path = options.rotations_path;
+  const bool int2 = options.kv_cache.format == KvCacheFormat::kInt2 ||
+                    options.kv_cache.format == KvCacheFormat::kInt2LloydMax;
+  if (rotations_path.empty() && int2 && !options.default_rotations_dir.empty()) {
+    absl::StatusOr<std::string> found = FindRotationFile(
+        options.default_rotations_dir, model->fingerprint,
+        options.kv_cache.format == KvCacheFormat::kInt2LloydMax ? "lloyd-max" : "uniform");
+    if (found.ok()) {
+      rotations_path = *found;
+    } else {
+      std::fprintf(stderr,
+                   "kvstrata: warning: no rotation file for this model in %s; using identity "
+                   "rotations, which cost INT2 a lot of accuracy (run kvstrata calibrate)\n",
+                   options.default_rotations_dir.c_str());
+    }
+  }
+  if (rotations_path.empty()) {
+    e->rotations_ = IdentityRotations(c.num_layers, c.num_kv_heads, c.head_dim);
+  } else {
+    KV_ASSIGN_OR_RETURN(e->rotations_,
+                        ReadRotationFile(rotations_path, c.num_layers, c.num_kv_heads, c.head_dim,
+                                         model->fingerprint));
+  }
+  kernels::KvGeometry geometry;
+  geometry.num_layers = c.num_layers;
+  geometry.num_kv_heads = c.num_kv_heads;
+  geometry.head_dim = c.head_dim;
+  geometry.group_size = options.kv_cache.group_size;
+  geometry.page_tokens = options.kv_cache.layout.page_tokens;
+  KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, options.kv_cache));
+  e->backend_ = std::make_unique<MeteredBackend>(
+      CreateCpuBackend(*e->model_, e->rotations_, e->cache_.get()), e->cache_.get());
+  const tokenizer::Tokenizer* t = &e->tokenizer_;
+  e->scheduler_ = std::make_unique<Scheduler>(
+      e->backend_.get(), e->cache_.get(),
+      // Control tokens (<|im_start|>, ...) are structure, not text: they are never streamed.
+      [t](int32_t id) { return t->IsControl(id) ? std::string() : std::string(t->TokenBytes(id)); },
+      [t](int32_t id) { return t->IsEndOfGeneration(id); }, options.scheduler);
+  return e;
+}
+
+std::string Engine::KvFormatString() const {
+  const kernels::SplitLayout& l = cache_->options().layout;
+  const KvCacheFormat format = cache_->options().format;
+  // BF16 keeps every page whole: neither the group size nor the window changes its bytes.
+  if (format == KvCacheFormat::kBf16) return absl::StrCat("bf16-p", l.page_tokens);
+  return absl::StrCat(KvCacheFormatName(format), "-g", cache_->geometry().group_size, "-sink",
+                      l.sink_tokens, "-recent", l.recent_tokens, "-p", l.page_tokens);
+}
+
+absl::StatusOr<PageKey> Engine::PageNamespace(std::string_view cache_salt) const {
+  HashNamespace ns;
+  ns.model_fingerprint = model_->fingerprint;
+  ns.kv_format = KvFormatString();
+  ns.rotation_digest = rotations_.digest;
+  ns.page_tokens = static_cast<uint32_t>(cache_->options().layout.page_tokens);
+  ns.cache_salt = std::string(cache_salt);
+  KV_ASSIGN_OR_RETURN(PageKey key, NamespaceKey(ns));
+  namespaces_.insert(key);
+  return key;
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::EncodeChat(
+    std::span<const tokenizer::ChatMessage> messages, bool add_generation_prompt) const {
+  if (!chat_template_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", model_->config.name, " has no recognised chat template"));
+  }
+  KV_ASSIGN_OR_RETURN(const tokenizer::RenderedChat real,
+                      chat_template_->Render(messages, add_generation_prompt));
+  // Render again with a marker for each message's content: whatever surrounds a marker is the
+  // template's own text, and the same text surrounds the content in the real rendering.
+  std::vector<tokenizer::ChatMessage> marked(messages.begin(), messages.end());
+  for (size_t i = 0; i < marked.size(); ++i) {
+    marked[i].content = absl::StrCat("\x01kvstrata-content-", i, "\x02");
+  }
+  KV_ASSIGN_OR_RETURN(const tokenizer::RenderedChat skeleton,
+                      chat_template_->Render(marked, add_generation_prompt));
+  struct Piece {
+    std::string_view text;
+    bool from_template;
+  };
+  std::vector<Piece> pieces;
+  const std::string_view r = real.text, s = skeleton.text;
+  auto internal = [](size_t i) {
+    return absl::InternalError(absl::StrCat("chat rendering of message ", i, " is inconsistent"));
+  };
+  size_t r_prev = 0, s_prev = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& marker = marked[i].content;
+    const size_t m = s.find(marker, s_prev);
+    if (m == std::string_view::npos || m > skeleton.message_ends[i]) return internal(i);
+    const size_t prefix = m - s_prev;
+    const size_t suffix = skeleton.message_ends[i] - (m + marker.size());
+    if (real.message_ends[i] < r_prev + prefix + suffix) return internal(i);
+    const size_t c_begin = r_prev + prefix, c_end = real.message_ends[i] - suffix;
+    if (r.substr(r_prev, prefix) != s.substr(s_prev, prefix) ||
+        r.substr(c_end, suffix) != s.substr(m + marker.size(), suffix)) {
+      return internal(i);
+    }
+    pieces.push_back({s.substr(s_prev, prefix), true});
+    pieces.push_back({r.substr(c_begin, c_end - c_begin), false});
+    pieces.push_back({s.substr(m + marker.size(), suffix), true});
+    r_prev = real.message_ends[i];
+    s_prev = skeleton.message_ends[i];
+  }
+  if (r.substr(r_prev) != s.substr(s_prev)) return internal(messages.size());
+  pieces.push_back({s.substr(s_prev), true});
+
+  // Control tokens are cut out of the template's text only; the plain text between them,
+  // template and content alike, is encoded in one piece so word boundaries match the
+  // encoding of the whole rendered text.
+  std::vector<int32_t> ids;
+  std::string plain;
+  auto flush = [&] {
+    if (plain.empty()) return;
+    const std::vector<int32_t> part = tokenizer_.Encode(plain, /*parse_special=*/false);
+    ids.insert(ids.end(), part.begin(), part.end());
+    plain.clear();
+  };
+  for (const Piece& piece : pieces) {
+    if (!piece.from_template) {
+      plain.append(piece.text);
+      continue;
+    }
+    for (size_t pos = 0; pos < piece.text.size();) {
+      const auto hit = std::find_if(
+          control_tokens_.begin(), control_tokens_.end(),
+          [&](const auto& ct) { return piece.text.substr(pos).starts_with(ct.first); });
+      if (hit == control_tokens_.end()) {
+        plain.push_back(piece.text[pos++]);
+      } else {
+        flush();
+        ids.push_back(hit->second);
+        pos += hit->first.size();
+      }
+    }
+  }
+  flush();
+  const std::optional<int32_t> bos = tokenizer_.bos_id();
+  if (tokenizer_.add_bos() && bos && (ids.empty() || ids.front() != *bos)) {
+    ids.insert(ids.begin(), *bos);
+  }
+  return ids;
+}
+
+std::vector<int32_t> Engine::EncodeText(std::string_view text) const {
+  std::vector<int32_t> ids = tokenizer_.Encode(text, /*parse_special=*/false);
+  const std::optional<int32_t> bos = tokenizer_.bos_id();
+  if (tokenizer_.add_bos() && bos) ids.insert(ids.begin(), *bos);
+  return ids;
+}
+
+absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request) {
+  if (!namespaces_.contains(request.namespace_key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace_key ", request.namespace_key.ToHex(),
+                     " was not made by this engine's PageNamespace; its pages would be keyed "
+                     "under another model, KV format or rotation set"));
+  }
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_tokens;
+  if (model_->config.max_context > 0 && total > model_->config.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt (", request.prompt.size(), " tokens) + max_tokens (", request.stop.max_tokens,
+        ") exceeds the model's context length (", model_->config.max_context, ")"));
+  }
+  return scheduler_->Submit(std::move(request));
+}
+
+absl::StatusOr<GenerationStats> Engine::Generate(GenerationRequest request,
+                                                 const EventCallback& on_event) {
+  if (!scheduler_->idle()) {
+    return absl::FailedPreconditionError(absl::StrCat("Generate needs an idle engine (",
+                                                      scheduler_->running(), " running, ",
+                                                      scheduler_->waiting(), " waiting)"));
+  }
+  GenerationStats stats;
+  stats.prompt_tokens = static_cast<int>(request.prompt.size());
+  const Clock::time_point start = Clock::now();
+  KV_ASSIGN_OR_RETURN(const uint64_t id, Submit(std::move(request)));
+  backend_->ForgetLast();
+  std::optional<Clock::time_point> first_token;
+  MeteredBackend::ItemKv kv;
+  std::vector<GenerationEvent> events;
+  bool done = false;
+  while (!done) {
+    events.clear();
+    if (absl::Status step = scheduler_->Step(&events); !step.ok()) {
+      // Free the sequence (a cancelled sequence needs no forward pass), then report.
+      scheduler_->Cancel(id, FinishReason::kError);
+      std::vector<GenerationEvent> ignored;
+      scheduler_->Step(&ignored).IgnoreError();
+      return step;
+    }
+    if (backend_->last().size() == 1) kv = backend_->last()[0];  // the only sequence: ours
+    for (const GenerationEvent& e : events) {
+      if (e.sequence_id != id) continue;
+      if (e.token >= 0 && !first_token) first_token = Clock::now();
+      stats.text += e.text;
+      stats.generated_tokens = e.generated_tokens;
+      if (e.finish != FinishReason::kNone) stats.finish = e.finish, done = true;
+      if (on_event) on_event(e);
+    }
+    if (!done && scheduler_->idle()) {
+      return absl::InternalError("the scheduler went idle before the request finished");
+    }
+  }
+  const Clock::time_point end = Clock::now();
+  stats.prefill_seconds = Seconds(first_token.value_or(end) - start);
+  stats.decode_seconds = first_token ? Seconds(end - *first_token) : 0.0;
+  stats.kv_tokens = kv.tokens;
+  stats.kv_bytes = kv.bytes;
+  stats.kv_bf16_pages = kv.bf16_pages;
+  stats.kv_int2_pages = kv.int2_pages;
+  const kernels::KvGeometry& g = cache_->geometry();
+  const double elements =
+      static_cast<double>(kv.tokens) * g.num_layers * 2 * g.num_kv_heads * g.head_dim;
+  stats.kv_bits_per_element = elements > 0 ? kv.bytes * 8.0 / elements : 0.0;
+  return stats;
+}
+
+int64_t Engine::KvBytesInUse() const {
+  const PagePool& bf16 = cache_->bf16_pool();
+  int64_t bytes = (bf16.num_slots() - bf16.free_slots()) * bf16.slot_bytes();
+  if (const PagePool* int2 = cache_->int2_pool()) {
+    bytes += (int2->num_slots() - int2->free_slots()) * int2->slot_bytes();
+  }
+  return bytes;
+}
+
+}  // namespace kvstrata::engine

@@ -1,0 +1,163 @@
+#pragma once
+
+// The engine facade: one model, its tokenizer and chat template, the rotation set, the paged
+// KV cache, the CPU backend and the scheduler, built and validated together from one options
+// struct. The decode service and the command-line tools use the engine through this class.
+//
+//   EngineOptions o;
+//   o.model_path = "/path/SmolLM2-135M-Instruct.Q4_1.gguf";
+//   KV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Load(o));
+//   GenerationRequest r;
+//   KV_ASSIGN_OR_RETURN(r.prompt, engine->EncodeChat({{"user", "Hi"}}));
+//   KV_ASSIGN_OR_RETURN(r.namespace_key, engine->PageNamespace(/*cache_salt=*/""));
+//   KV_ASSIGN_OR_RETURN(GenerationStats s, engine->Generate(std::move(r), on_event));
+//
+// Ownership: the engine owns everything it builds; the model may be shared (read-only) with
+// other engines, e.g. one per KV format in a benchmark. Thread-compatible: one thread drives
+// an engine (the decode service's engine loop).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/radix_hash.h"
+#include "engine/backend.h"
+#include "engine/kv_cache.h"
+#include "engine/rotations.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvstrata::engine {
+
+struct EngineOptions {
+  std::string model_path;      // a .gguf file or a Hugging Face model folder (Load only)
+  std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
+  // When rotations_path is empty and the format is INT2: the rotation file in this folder
+  // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.
+  // Empty: identity. The CLI points it at the repository's rotations/ folder.
+  std::string default_rotations_dir;
+  KvCacheOptions kv_cache;     // format, layout, group size, capacity, sizing of the pools
+  SchedulerOptions scheduler;  // batching, chunked prefill, default sampling seed
+};
+
+// Checks the options against each other and against the model, before anything is allocated.
+// InvalidArgument whose message names the option (e.g. "scheduler.prefill_chunk=1024 must be in
+// [1, kv_cache.max_chunk_tokens=512] ..."). model_path is not checked here (Load does).
+absl::Status ValidateEngineOptions(const EngineOptions& options, const model::ModelConfig& config);
+
+// Figures of one Generate call.
+struct GenerationStats {
+  int prompt_tokens = 0;
+  int generated_tokens = 0;
+  FinishReason finish = FinishReason::kNone;
+  std::string text;              // everything streamed, in order
+  double prefill_seconds = 0.0;  // Submit until the first generated token (prefill + 1 sample)
+  double decode_seconds = 0.0;   // first generated token until the end
+  // The sequence's KV cache after its last forward pass, before the scheduler freed it: tokens
+  // whose K/V were held, the page slots holding them (headers and unused rows of partial pages
+  // included), and bits per element = kv_bytes * 8 / (kv_tokens * layers * 2 * kv_heads * dim).
+  int64_t kv_tokens = 0;
+  int64_t kv_bytes = 0;
+  int64_t kv_bf16_pages = 0;
+  int64_t kv_int2_pages = 0;
+  double kv_bits_per_element = 0.0;
+
+  double prefill_tokens_per_second() const;
+  double decode_tokens_per_second() const;  // (generated_tokens - 1) / decode_seconds
+};
+
+class Engine {
+ public:
+  using EventCallback = std::function<void(const GenerationEvent&)>;
+
+  // Loads options.model_path (a directory: LoadHfModel; a file: LoadGgufModel) and builds the
+  // engine. NotFound when the model or rotation file does not exist; the loaders' and
+  // ValidateEngineOptions' errors otherwise.
+  static absl::StatusOr<std::unique_ptr<Engine>> Load(const EngineOptions& options);
+  // Builds an engine over an already loaded model (options.model_path is ignored).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      std::shared_ptr<const model::LoadedModel> model, const EngineOptions& options);
+
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The stored KV format, exactly: every parameter that changes the bytes of a page.
+  //   bf16 → "bf16-p64"; int2 → "int2-g64-sink64-recent256-p64";
+  //   int2-lloyd-max → "int2-lloyd-max-g64-sink64-recent256-p64"
+  // (g = INT2 channels per scale/offset, p = tokens per page).
+  std::string KvFormatString() const;
+
+  // The radix-hash root for a tenant: NamespaceKey{model fingerprint, KvFormatString(),
+  // rotation digest, page tokens, cache_salt} (core/radix_hash.h). Requests submitted to this
+  // engine must carry a key made here (Submit checks), so their pages are keyed under this
+  // model, format and rotation set.
+  absl::StatusOr<PageKey> PageNamespace(std::string_view cache_salt) const;
+
+  // Prompt token ids for a conversation rendered with the model's chat template (ending with
+  // the assistant header when add_generation_prompt). Only the template's own text may yield
+  // control tokens: message content is encoded as plain text, so a user who types
+  // "<|im_end|>" gets the characters, not the token. The ids equal those of encoding the
+  // rendered text with parse_special whenever the content holds no control-token text.
+  // FailedPrecondition when the model has no chat template; the template's InvalidArgument
+  // for bad roles or no messages.
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(std::span<const tokenizer::ChatMessage> messages,
+                                                  bool add_generation_prompt = true) const;
+  // Token ids of plain text (control-token text stays text), with BOS when the model wants one.
+  std::vector<int32_t> EncodeText(std::string_view text) const;
+
+  // Queues a request on the scheduler after the engine-level checks: the namespace key was made
+  // by PageNamespace, and prompt + max_tokens fits the model's trained context.
+  absl::StatusOr<uint64_t> Submit(GenerationRequest request);
+
+  // Runs one request to completion on an idle engine (FailedPrecondition otherwise), calling
+  // on_event (may be empty) for each event as it happens. Blocking; for the CLI and tests.
+  absl::StatusOr<GenerationStats> Generate(GenerationRequest request,
+                                           const EventCallback& on_event = {});
+
+  const model::LoadedModel& model() const { return *model_; }
+  const model::ModelConfig& config() const { return model_->config; }
+  const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
+  // nullptr when the model ships no (recognised) chat template.
+  const tokenizer::ChatTemplate* chat_template() const {
+    return chat_template_ ? &*chat_template_ : nullptr;
+  }
+  const RotationSet& rotations() const { return rotations_; }
+  const EngineOptions& options() const { return options_; }
+  KvCache& cache() { return *cache_; }
+  const KvCache& cache() const { return *cache_; }
+  Backend& backend();
+  Scheduler& scheduler() { return *scheduler_; }
+
+  // Bytes of the page slots in use now, both pools.
+  int64_t KvBytesInUse() const;
+
+ private:
+  class MeteredBackend;
+
+  Engine(std::shared_ptr<const model::LoadedModel> model, tokenizer::Tokenizer tokenizer,
+         const EngineOptions& options);
+
+  EngineOptions options_;
+  std::shared_ptr<const model::LoadedModel> model_;
+  tokenizer::Tokenizer tokenizer_;
+  std::optional<tokenizer::ChatTemplate> chat_template_;
+  std::vector<std::pair<std::string, int32_t>> control_tokens_;  // text, id; longest first
+  RotationSet rotations_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<MeteredBackend> backend_;
+  std::unique_ptr<Scheduler> scheduler_;
+  mutable std::set<PageKey> namespaces_;  // keys PageNamespace has made
+};
+
+}  // namespace kvstrata::engine

@@ -1,0 +1,74 @@
+#include "tools/kvstrata/engine_flags.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(std::string, model, "",
+          "the model: a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from "
+          "scripts/fetch-model.sh)");
+ABSL_FLAG(std::string, kv_format, "int2", "KV cache format: bf16, int2 or int2-lloyd-max");
+ABSL_FLAG(std::string, rotations, "",
+          "rotation file fitted by kvstrata calibrate; default for INT2 formats: the file in "
+          "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
+          "'identity' for none");
+ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools)");
+
+namespace kvstrata::cli {
+
+std::string DefaultModelPath() {
+  std::string cache;
+  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') {
+    cache = env;
+  } else {
+    const char* home = std::getenv("HOME");
+    cache = absl::StrCat(home ? home : "", "/.cache/kvstrata");
+  }
+  return absl::StrCat(cache, "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
+  engine::EngineOptions o;
+  // Flag values first, the file system last: a bad value is reported even without a model.
+  absl::StatusOr<engine::KvCacheFormat> format =
+      engine::ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_format));
+  if (!format.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-format: ", format.status().message()));
+  }
+  o.kv_cache.format = *format;
+  const int mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (mb < 1 || mb > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-mb=", mb, " must be in [1, 1048576]"));
+  }
+  o.kv_cache.capacity_bytes = int64_t{mb} << 20;
+  std::error_code ec;
+  o.rotations_path = absl::GetFlag(FLAGS_rotations);
+  if (o.rotations_path == "identity") {
+    o.rotations_path.clear();
+  } else if (o.rotations_path.empty()) {
+    const char* env = std::getenv("KVSTRATA_ROTATIONS");
+    o.default_rotations_dir = env && *env ? env : KVSTRATA_SOURCE_DIR "/rotations";
+  }
+  if (!o.rotations_path.empty() && !std::filesystem::exists(o.rotations_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rotations ", o.rotations_path, ": no such file"));
+  }
+  o.model_path = absl::GetFlag(FLAGS_model);
+  if (o.model_path.empty()) {
+    o.model_path = DefaultModelPath();
+    if (!std::filesystem::exists(o.model_path, ec)) {
+      return absl::NotFoundError(absl::StrCat("no --model given and the default model is not at ",
+                                              o.model_path,
+                                              "; run scripts/fetch-model.sh to fetch it"));
+    }
+  } else if (!std::filesystem::exists(o.model_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model ", o.model_path, ": no such file or folder"));
+  }
+  return o;
+}
+
+}  // namespace kvstrata::cli

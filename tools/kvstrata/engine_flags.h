@@ -1,0 +1,30 @@
+#pragma once
+
+// Flags shared by the subcommands that run the model engine (generate, bench-engine, and the
+// calibration and evaluation commands to come): which model, which KV format, which rotation
+// file, how much KV cache. absl flags are global to the binary, so each is defined once, here.
+
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, kv_format);
+ABSL_DECLARE_FLAG(std::string, rotations);
+ABSL_DECLARE_FLAG(int, kv_cache_mb);
+
+namespace kvstrata::cli {
+
+// ${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf, where
+// scripts/fetch-model.sh puts the default model.
+std::string DefaultModelPath();
+
+// Engine options from --model (or the default model), --kv-format, --rotations and
+// --kv-cache-mb; the caller adjusts the sizing (sequences, chunks) it needs. InvalidArgument
+// naming the flag for a bad value or a --model that does not exist; NotFound pointing at
+// scripts/fetch-model.sh when --model is not given and the default model is absent.
+absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();
+
+}  // namespace kvstrata::cli
