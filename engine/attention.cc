@@ -41,7 +41,7 @@ void ChunkAttention(KvCache& cache, const SequenceKv& seq, int layer, const floa
       const int64_t tok0 = p * P;
       const int ntok = static_cast<int>(std::min<int64_t>(P, end - tok0));
       const int64_t first_int2 = cache.FirstInt2Query(p);
-      // Queries t >= tok0 see the page: in BF16 before first_int2, in INT2 from it on.
+      // Queries t >= tok0 see the page: in BF16 before first_int2, as history from it on.
       const int64_t ranges[2][2] = {{std::max(pos0, tok0), std::min(end, first_int2)},
                                     {std::max({pos0, tok0, first_int2}), end}};
       for (int version = 0; version < 2; ++version) {
@@ -51,10 +51,8 @@ void ChunkAttention(KvCache& cache, const SequenceKv& seq, int layer, const floa
           kernels::DecodeBf16Block(cache.Bf16Block(seq, p, layer, 0, h), ntok, g, k_tile.data());
           kernels::DecodeBf16Block(cache.Bf16Block(seq, p, layer, 1, h), ntok, g, v_tile.data());
         } else {
-          kernels::DecodeInt2Block(cache.Int2Block(seq, p, layer, 0, h), ntok, g,
-                                   cache.int2_encoding(), /*kind=*/0, k_tile.data());
-          kernels::DecodeInt2Block(cache.Int2Block(seq, p, layer, 1, h), ntok, g,
-                                   cache.int2_encoding(), /*kind=*/1, v_tile.data());
+          cache.DecodeHistory(seq, p, layer, /*kind=*/0, h, ntok, k_tile.data());
+          cache.DecodeHistory(seq, p, layer, /*kind=*/1, h, ntok, v_tile.data());
         }
         const int r0 = static_cast<int>(t_begin - pos0) * group;
         const int nr = static_cast<int>(t_end - t_begin) * group;

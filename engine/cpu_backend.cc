@@ -216,9 +216,7 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
             kernels::DecodeBf16Block(cache_->Bf16Block(seq, p, layer, kind, h), geo.page_tokens,
                                      geo, rows.data());
             const float clip = kind == 0 ? rot_.key_clip(layer, h) : rot_.value_clip(layer, h);
-            kernels::EncodeInt2Block(rows.data(), geo.page_tokens, geo, clip,
-                                     cache_->int2_encoding(), kind,
-                                     cache_->Int2Block(seq, p, layer, kind, h));
+            cache_->EncodeHistory(seq, p, layer, kind, h, rows.data(), clip);
           }
         }
       }

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/page_format.h"
 #include "core/status_macros.h"
+#include "kernels/baselines.h"
+#include "kernels/quant.h"
 
 namespace kvstrata::engine {
 
@@ -30,7 +32,137 @@ class HostPageMemory final : public PageMemory {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+constexpr KvCacheFormat kAllFormats[] = {KvCacheFormat::kBf16,         KvCacheFormat::kInt2,
+                                         KvCacheFormat::kInt2LloydMax, KvCacheFormat::kEvalFp8,
+                                         KvCacheFormat::kEvalInt4,     KvCacheFormat::kEvalKivi2,
+                                         KvCacheFormat::kEvalTurbo3};
+
+// The seed of turbo3's random rotation for one (layer, K|V, head): fixed, so a page's stored
+// values depend on its tokens only.
+uint64_t Turbo3Seed(int layer, int kind, int head) {
+  return 0x7475726230ull + (uint64_t(layer) * 2 + uint64_t(kind)) * 1000003ull + uint64_t(head);
+}
+
 }  // namespace
+
+bool IsEvaluationFormat(KvCacheFormat format) {
+  switch (format) {
+    case KvCacheFormat::kBf16:
+    case KvCacheFormat::kInt2:
+    case KvCacheFormat::kInt2LloydMax:
+      return false;
+    case KvCacheFormat::kEvalFp8:
+    case KvCacheFormat::kEvalInt4:
+    case KvCacheFormat::kEvalKivi2:
+    case KvCacheFormat::kEvalTurbo3:
+      return true;
+  }
+  return false;
+}
+
+int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g) {
+  if (IsEvaluationFormat(format)) return int64_t{g.page_tokens} * g.head_dim * 4;
+  const kernels::PageEncoding e = format == KvCacheFormat::kInt2LloydMax
+                                      ? kernels::PageEncoding::kInt2LloydMax
+                                      : kernels::PageEncoding::kInt2Uniform;
+  return kernels::BlockBytes(g, e);
+}
+
+void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const float* rows,
+                        int layer, int kind, int head, float clip_ratio, uint8_t* block) {
+  const int d = g.head_dim, n = g.page_tokens;
+  float* out = reinterpret_cast<float*>(block);
+  switch (format) {
+    case KvCacheFormat::kBf16:
+      return;  // no history
+    case KvCacheFormat::kInt2:
+      kernels::EncodeInt2Block(rows, n, g, clip_ratio, kernels::PageEncoding::kInt2Uniform, kind,
+                               block);
+      return;
+    case KvCacheFormat::kInt2LloydMax:
+      kernels::EncodeInt2Block(rows, n, g, clip_ratio, kernels::PageEncoding::kInt2LloydMax, kind,
+                               block);
+      return;
+    case KvCacheFormat::kEvalFp8:
+      kernels::FakeQuantFp8E4M3(rows, n, d, out);
+      return;
+    case KvCacheFormat::kEvalInt4:
+      kernels::FakeQuantInt4(rows, n, d, g.group_size, out);
+      return;
+    case KvCacheFormat::kEvalKivi2:
+      // The page is KIVI's token group: a whole page leaves the recent window at once.
+      if (kind == 0) {
+        kernels::FakeQuantKivi2Keys(rows, n, d, /*token_group=*/n, /*residual=*/0, out);
+      } else {
+        kernels::FakeQuantKivi2Values(rows, n, d, g.group_size, /*token_group=*/n,
+                                      /*residual=*/0, out);
+      }
+      return;
+    case KvCacheFormat::kEvalTurbo3:
+      kernels::FakeQuantTurbo3(rows, n, d, Turbo3Seed(layer, kind, head), out);
+      return;
+  }
+}
+
+void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const uint8_t* block,
+                        int num_tokens, int kind, float* rows) {
+  switch (format) {
+    case KvCacheFormat::kBf16:
+      return;
+    case KvCacheFormat::kInt2:
+      kernels::DecodeInt2Block(block, num_tokens, g, kernels::PageEncoding::kInt2Uniform, kind,
+                               rows);
+      return;
+    case KvCacheFormat::kInt2LloydMax:
+      kernels::DecodeInt2Block(block, num_tokens, g, kernels::PageEncoding::kInt2LloydMax, kind,
+                               rows);
+      return;
+    case KvCacheFormat::kEvalFp8:
+    case KvCacheFormat::kEvalInt4:
+    case KvCacheFormat::kEvalKivi2:
+    case KvCacheFormat::kEvalTurbo3:
+      std::memcpy(rows, block, static_cast<size_t>(num_tokens) * g.head_dim * sizeof(float));
+      return;
+  }
+}
+
+double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g) {
+  const int d = g.head_dim, group = g.group_size > 0 ? g.group_size : g.head_dim;
+  switch (format) {
+    case KvCacheFormat::kBf16:
+      return 16.0;
+    case KvCacheFormat::kInt2:
+    case KvCacheFormat::kInt2LloydMax:
+      return kernels::Int2HistoryBitsPerElement(group);
+    case KvCacheFormat::kEvalFp8:
+      return kernels::Fp8E4M3BitsPerElement(d);
+    case KvCacheFormat::kEvalInt4:
+      return kernels::Int4BitsPerElement(group);
+    case KvCacheFormat::kEvalKivi2:
+      // K: fp16 scale and offset per channel per page of tokens; V: per token per group.
+      return 2.0 + 0.5 * (32.0 / g.page_tokens + 32.0 / group);
+    case KvCacheFormat::kEvalTurbo3:
+      return kernels::Turbo3BitsPerElement(d);
+  }
+  return 0.0;
+}
+
+double SequenceBitsPerElement(KvCacheFormat format, const kernels::SplitLayout& layout,
+                              const kernels::KvGeometry& g, int64_t n) {
+  if (n <= 0) return 0.0;
+  kernels::SplitSegments s;
+  if (format == KvCacheFormat::kBf16) {
+    s.sink = n;
+  } else {
+    s = kernels::SegmentsAt(layout, n);
+  }
+  const double elements_per_token = static_cast<double>(kernels::NumBlocks(g)) * g.head_dim;
+  const double bits =
+      elements_per_token * (static_cast<double>(s.sink + s.recent) * 16.0 +
+                            static_cast<double>(s.history) * HistoryBitsPerElement(format, g)) +
+      8.0 * kernels::kPageHeaderBytes * CeilDiv(n, layout.page_tokens);
+  return bits / (elements_per_token * static_cast<double>(n));
+}
 
 const char* KvCacheFormatName(KvCacheFormat format) {
   switch (format) {
@@ -40,17 +172,25 @@ const char* KvCacheFormatName(KvCacheFormat format) {
       return "int2";
     case KvCacheFormat::kInt2LloydMax:
       return "int2-lloyd-max";
+    case KvCacheFormat::kEvalFp8:
+      return "eval-fp8";
+    case KvCacheFormat::kEvalInt4:
+      return "eval-int4";
+    case KvCacheFormat::kEvalKivi2:
+      return "eval-kivi2";
+    case KvCacheFormat::kEvalTurbo3:
+      return "eval-turbo3";
   }
   return "unknown";
 }
 
-absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name) {
-  for (KvCacheFormat f :
-       {KvCacheFormat::kBf16, KvCacheFormat::kInt2, KvCacheFormat::kInt2LloydMax}) {
-    if (name == KvCacheFormatName(f)) return f;
+absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name, bool allow_evaluation) {
+  for (KvCacheFormat f : kAllFormats) {
+    if (name == KvCacheFormatName(f) && (allow_evaluation || !IsEvaluationFormat(f))) return f;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max)"));
+      absl::StrCat("unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max",
+                   allow_evaluation ? ", eval-fp8, eval-int4, eval-kivi2, eval-turbo3" : "", ")"));
 }
 
 std::unique_ptr<PageMemory> AllocateHostPageMemory(int64_t bytes) {
@@ -110,7 +250,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
   }
   cache->bf16_pool_ = std::make_unique<PagePool>(AllocateHostPageMemory(bf16_budget), bf16_bytes);
   if (cache->split()) {
-    const int64_t int2_bytes = kernels::PageBytes(g, cache->int2_encoding());
+    const int64_t int2_bytes =
+        kernels::kPageHeaderBytes + kernels::NumBlocks(g) * HistoryBlockBytes(o.format, g);
     const int64_t rest = std::max<int64_t>(int2_bytes, o.capacity_bytes - bf16_budget);
     cache->int2_pool_ = std::make_unique<PagePool>(AllocateHostPageMemory(rest), int2_bytes);
   }
@@ -256,7 +397,16 @@ void KvCache::EndAppend(SequenceKv& seq, int64_t new_total) {
     }
   }
   for (int64_t p = std::max(sink_pages, old_pages_end); p < DemotedPagesEnd(new_total); ++p) {
-    WriteHeader(seq, p, int2_encoding(), int2_pool_->slot(seq.int2_slot[p]));
+    uint8_t* slot = int2_pool_->slot(seq.int2_slot[p]);
+    WriteHeader(seq, p, int2_encoding(), slot);
+    if (IsEvaluationFormat(options_.format)) {
+      // Not a page format encoding: such pages fail ParsePage and cannot leave the engine.
+      kernels::PageHeader h;
+      std::memcpy(&h, slot, sizeof(h));
+      h.encoding = 0;
+      h.body_bytes = static_cast<uint64_t>(int2_pool_->slot_bytes() - kernels::kPageHeaderBytes);
+      std::memcpy(slot, &h, sizeof(h));
+    }
     bf16_pool_->Free(seq.bf16_slot[p]);
     seq.bf16_slot[p] = -1;
   }
@@ -271,6 +421,24 @@ uint8_t* KvCache::Bf16Block(const SequenceKv& seq, int64_t page, int layer, int 
 uint8_t* KvCache::Int2Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
   return int2_pool_->slot(seq.int2_slot[page]) +
          kernels::BlockOffset(geometry_, int2_encoding(), layer, kind, head);
+}
+
+uint8_t* KvCache::HistoryBlock(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
+  const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + head;
+  return int2_pool_->slot(seq.int2_slot[page]) + kernels::kPageHeaderBytes +
+         b * HistoryBlockBytes(options_.format, geometry_);
+}
+
+void KvCache::EncodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
+                            const float* rows, float clip_ratio) {
+  EncodeHistoryBlock(options_.format, geometry_, rows, layer, kind, head, clip_ratio,
+                     HistoryBlock(seq, page, layer, kind, head));
+}
+
+void KvCache::DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
+                            int num_tokens, float* rows) {
+  DecodeHistoryBlock(options_.format, geometry_, HistoryBlock(seq, page, layer, kind, head),
+                     num_tokens, kind, rows);
 }
 
 int64_t KvCache::SequenceBytes(const SequenceKv& seq) const {

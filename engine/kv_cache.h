@@ -26,10 +26,45 @@ enum class KvCacheFormat {
   kBf16,          // every page stays BF16 (no history segment): the reference format
   kInt2,          // split layout, INT2 history with uniform levels
   kInt2LloydMax,  // split layout, INT2 history with Gaussian Lloyd-Max levels
+  // Evaluation only (kvstrata eval). Split layout whose history pages hold, in fp32, what a
+  // baseline format would reconstruct (kernels/baselines.h, fake quantisation). The memory is
+  // not saved: these pools are as large as fp32 pages, and HistoryBitsPerElement gives what the
+  // format would honestly cost. Their page headers carry encoding 0, so ParsePage rejects
+  // them and they can never be published. Use them with identity rotations (the baselines
+  // quantise the unrotated keys and values; turbo3 draws its own random rotation).
+  kEvalFp8,     // FP8 E4M3, one fp16 scale per token and head
+  kEvalInt4,    // INT4 per token, fp16 scale and offset per group of group_size channels
+  kEvalKivi2,   // KIVI-2: K per channel over the page's 64 tokens, V per token per group
+  kEvalTurbo3,  // TurboQuant-like 3-bit: random-sign Hadamard + 8-level Lloyd-Max
 };
 
 const char* KvCacheFormatName(KvCacheFormat format);
-absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name);
+// Serving formats (bf16, int2, int2-lloyd-max); with allow_evaluation also the eval-* formats.
+absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name,
+                                                 bool allow_evaluation = false);
+bool IsEvaluationFormat(KvCacheFormat format);
+
+// The history segment of one (layer, K|V, KV head) page, whatever the format stores there:
+// `rows` [64][head_dim] are the page's rotated values as its BF16 page holds them (so the
+// stored history depends on the tokens only). INT2 formats write the page format's INT2 block
+// (kernels/quant.h); evaluation formats write the fp32 reconstruction [64][head_dim]. `block`
+// has HistoryBlockBytes bytes. Decode writes rows [num_tokens][head_dim] in rotated space.
+int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g);
+void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const float* rows,
+                        int layer, int kind, int head, float clip_ratio, uint8_t* block);
+void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const uint8_t* block,
+                        int num_tokens, int kind, float* rows);
+
+// Honest storage cost, in bits per element, of one history token of `format` (its codes and
+// every scale, offset or norm; K and V averaged): 2 + 32/G for INT2, 8 + 16/d for FP8,
+// 4 + 32/G for INT4, 2 + (32/64 + 32/G)/2 for KIVI-2 with 64-token key groups, 3 + 16/d for
+// turbo3; 16 for BF16 (which has no history).
+double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g);
+// Bits per element of a sequence of n tokens: BF16 sink and recent tokens, history tokens at
+// HistoryBitsPerElement, plus one 64-byte page header per page (ceil(n / 64)). For the INT2
+// formats this is kernels::SplitBitsPerElement; for BF16 every token is BF16.
+double SequenceBitsPerElement(KvCacheFormat format, const kernels::SplitLayout& layout,
+                              const kernels::KvGeometry& g, int64_t n);
 
 struct KvCacheOptions {
   KvCacheFormat format = KvCacheFormat::kInt2;
@@ -90,6 +125,7 @@ class KvCache {
   const kernels::KvGeometry& geometry() const { return geometry_; }
   const KvCacheOptions& options() const { return options_; }
   bool split() const { return options_.format != KvCacheFormat::kBf16; }
+  // The INT2 encoding of history pages (uniform for the evaluation formats, which have none).
   kernels::PageEncoding int2_encoding() const;
 
   // Slots a sequence of `total_tokens` needs at most over its life, in each pool.
@@ -114,8 +150,17 @@ class KvCache {
   int64_t FirstInt2Query(int64_t page) const;
 
   uint8_t* Bf16Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
+  // INT2 formats only: the page's INT2 block.
   uint8_t* Int2Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
+  // Any split format: the page's history block (an INT2 block, or fp32 rows for evaluation
+  // formats), and its encoding and decoding (EncodeHistoryBlock / DecodeHistoryBlock).
+  uint8_t* HistoryBlock(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
+  void EncodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
+                     const float* rows, float clip_ratio);
+  void DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
+                     int num_tokens, float* rows);
   const PagePool& bf16_pool() const { return *bf16_pool_; }
+  // The history pool (INT2 pages, or fp32 pages for the evaluation formats).
   const PagePool* int2_pool() const { return int2_pool_.get(); }
   int64_t free_bf16_slots() const { return bf16_pool_->num_slots() - reserved_bf16_; }
   int64_t free_int2_slots() const;
@@ -131,7 +176,7 @@ class KvCache {
   kernels::KvGeometry geometry_;
   KvCacheOptions options_;
   std::unique_ptr<PagePool> bf16_pool_;
-  std::unique_ptr<PagePool> int2_pool_;  // null for the BF16 format
+  std::unique_ptr<PagePool> int2_pool_;  // history pages; null for the BF16 format
   int64_t reserved_bf16_ = 0;
   int64_t reserved_int2_ = 0;
 };

@@ -2,8 +2,12 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -35,6 +39,31 @@ struct TensorSpec {
   const std::vector<float>* data;
 };
 
+RotationFileInfo InfoFromMetadata(const nlohmann::json& meta) {
+  // Metadata values are strings (safetensors); absent fields stay empty.
+  auto str = [&](const char* key) {
+    const auto it = meta.find(key);
+    return it != meta.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto num = [&](const char* key) -> int64_t {
+    const std::string v = str(key);
+    return v.empty() ? 0 : std::strtoll(v.c_str(), nullptr, 10);
+  };
+  RotationFileInfo info;
+  info.model_fingerprint = str("model_fingerprint");
+  info.model_name = str("model_name");
+  info.key_objective = str("key_objective");
+  info.value_objective = str("value_objective");
+  info.grouping = str("grouping");
+  info.levels = str("levels");
+  info.group_size = static_cast<int>(num("group_size"));
+  info.calibration_digest = str("calibration_digest");
+  info.calibration_tokens = num("calibration_tokens");
+  info.heldout_tokens = num("heldout_tokens");
+  info.options = str("options");
+  return info;
+}
+
 }  // namespace
 
 RotationSet IdentityRotations(int num_layers, int num_kv_heads, int head_dim) {
@@ -65,11 +94,25 @@ absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotat
                                 {"v_rotation", {L, H, d, d}, v},
                                 {"k_clip", {L, H}, &rotations.k_clip},
                                 {"v_clip", {L, H}, &rotations.v_clip}};
+  std::string data;
+  for (const TensorSpec& t : tensors) {
+    data.append(reinterpret_cast<const char*>(t.data->data()), t.data->size() * 4);
+  }
   nlohmann::json header;
   header["__metadata__"] = {{"format", kFormat},
                             {"version", kVersion},
                             {"model_fingerprint", info.model_fingerprint},
-                            {"options", info.options}};
+                            {"model_name", info.model_name},
+                            {"key_objective", info.key_objective},
+                            {"value_objective", info.value_objective},
+                            {"grouping", info.grouping},
+                            {"levels", info.levels},
+                            {"group_size", std::to_string(info.group_size)},
+                            {"calibration_digest", info.calibration_digest},
+                            {"calibration_tokens", std::to_string(info.calibration_tokens)},
+                            {"heldout_tokens", std::to_string(info.heldout_tokens)},
+                            {"options", info.options},
+                            {"data_sha256", Sha256Hex(data)}};
   int64_t offset = 0;
   for (const TensorSpec& t : tensors) {
     int64_t count = 1;
@@ -84,18 +127,65 @@ absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotat
   }
   std::string json = header.dump();
   while (json.size() % 8 != 0) json += ' ';
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write rotation file ", path));
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write rotation file ", tmp));
   const uint64_t header_len = json.size();
   out.write(reinterpret_cast<const char*>(&header_len), 8);
   out.write(json.data(), static_cast<std::streamsize>(json.size()));
-  for (const TensorSpec& t : tensors) {
-    out.write(reinterpret_cast<const char*>(t.data->data()),
-              static_cast<std::streamsize>(t.data->size() * 4));
-  }
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
   out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat("error writing rotation file ", path));
+  if (!out) return absl::UnavailableError(absl::StrCat("error writing rotation file ", tmp));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<RotationFileInfo> ReadRotationFileInfo(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("rotation file ", path, ": cannot open"));
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  if (!in || header_len > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat("rotation file ", path, ": bad header length"));
+  }
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  const nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  const auto meta = j.is_object() ? j.find("__metadata__") : j.end();
+  if (!in || j.is_discarded() || meta == j.end() || !meta->is_object() ||
+      meta->value("format", "") != kFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rotation file ", path, ": not a kvstrata rotation file"));
+  }
+  return InfoFromMetadata(*meta);
+}
+
+absl::StatusOr<std::string> FindRotationFile(const std::string& dir,
+                                             const std::string& model_fingerprint,
+                                             const std::string& levels) {
+  std::error_code ec;
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
+      paths.push_back(entry.path().string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  std::string best;
+  for (const std::string& path : paths) {
+    absl::StatusOr<RotationFileInfo> info = ReadRotationFileInfo(path);
+    if (!info.ok() || info->model_fingerprint != model_fingerprint || info->levels != levels) {
+      continue;
+    }
+    if (info->grouping == "head") return path;
+    if (best.empty()) best = path;
+  }
+  if (!best.empty()) return best;
+  return absl::NotFoundError(absl::StrCat("no rotation file in ", dir, " was fitted on model ",
+                                          model_fingerprint.substr(0, 16), "… for ", levels,
+                                          " INT2 levels (kvstrata calibrate makes one)"));
 }
 
 absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_layers,
@@ -129,6 +219,8 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
   r.identity = false;
   r.digest = Sha256Hex(bytes);
   r.model_fingerprint = meta->value("model_fingerprint", "");
+  r.info = InfoFromMetadata(*meta);
+  r.info.model_fingerprint = r.model_fingerprint;
   if (!expected_fingerprint.empty() && r.model_fingerprint != expected_fingerprint) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rotation file ", path, " was fitted on model ", r.model_fingerprint.substr(0, 16),
@@ -136,6 +228,11 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
   }
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_len = bytes.size() - data_start;
+  if (const auto it = meta->find("data_sha256"); it != meta->end()) {
+    if (!it->is_string() || Sha256Hex(bytes.substr(data_start)) != it->get<std::string>()) {
+      return fail("tensor data does not match its data_sha256 (the file is corrupt or truncated)");
+    }
+  }
   auto read_tensor = [&](const char* name, std::vector<int64_t> shape,
                          std::vector<float>* out) -> absl::Status {
     const auto it = header.find(name);

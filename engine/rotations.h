@@ -12,6 +12,23 @@
 
 namespace kvstrata::engine {
 
+// Metadata stored in a rotation file beside the tensors (docs/rotation-file.md). Every field is
+// a string in the safetensors metadata; numbers are written in decimal.
+struct RotationFileInfo {
+  std::string model_fingerprint;   // hex SHA-256 of the model the rotations were fitted on
+  std::string model_name;          // human-readable, e.g. "SmolLM2-135M-Instruct"
+  std::string key_objective;       // "qqt": eigenvectors of the query covariance QᵀQ
+  std::string value_objective;     // "sst": VᵀSᵀSV with causal softmax; "proxy": OSCAR's
+  std::string grouping;            // "head": one rotation per (layer, KV head); "layer": shared
+  std::string levels;              // INT2 levels the clip ratios were searched for: "uniform"
+                                   // or "lloyd-max"
+  int group_size = 0;              // INT2 channels per scale/offset the clips were searched for
+  std::string calibration_digest;  // hex SHA-256 of the calibration token ids (int32 LE)
+  int64_t calibration_tokens = 0;  // tokens whose q/k/v entered the covariances
+  int64_t heldout_tokens = 0;      // further tokens the clip ratios were searched on
+  std::string options;             // the calibration options, as JSON
+};
+
 struct RotationSet {
   int num_layers = 0;
   int num_kv_heads = 0;
@@ -23,6 +40,7 @@ struct RotationSet {
   std::vector<float> v_clip;      // same
   std::string digest;             // hex SHA-256 of the file, or "identity"
   std::string model_fingerprint;  // the model the file was fitted on ("" for identity)
+  RotationFileInfo info;          // the file's metadata (empty for identity)
 
   const float* k(int layer, int head) const {
     return k_rotation.data() + (int64_t{layer} * num_kv_heads + head) * head_dim * head_dim;
@@ -37,21 +55,29 @@ struct RotationSet {
 // The identity rotation with no clipping.
 RotationSet IdentityRotations(int num_layers, int num_kv_heads, int head_dim);
 
-// Metadata stored in a rotation file beside the tensors.
-struct RotationFileInfo {
-  std::string model_fingerprint;
-  std::string options;  // free-form, e.g. calibration options as JSON
-};
-
 // Writes a rotation file (safetensors: tensors k_rotation, v_rotation [L][H][d][d] F32 and
-// k_clip, v_clip [L][H] F32; metadata format "kvstrata-rotations", version "1").
+// k_clip, v_clip [L][H] F32; metadata format "kvstrata-rotations", version "1", the info
+// fields, and data_sha256 = SHA-256 of the tensor bytes). The file is written to path + ".tmp"
+// and renamed, so a reader never sees half a file.
 absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotations,
                                const RotationFileInfo& info);
 
 // Reads and validates a rotation file: shapes must match the model (layers, KV heads,
 // head_dim) and, when expected_fingerprint is not empty, the model fingerprint must match.
-// Each rotation is checked to be orthogonal (max |RRᵀ - I| <= 1e-3) and each clip ratio to lie
-// in (0, 1]. Errors name the file and the field.
+// Each rotation is checked to be orthogonal (max |RRᵀ - I| <= 1e-3), each clip ratio to lie
+// in (0, 1], and the tensor bytes against data_sha256 (when the file has one). Errors name the
+// file and the field; a wrong model is FailedPrecondition, anything else InvalidArgument.
+// Only the metadata of a rotation file (no tensor is read or checked).
+absl::StatusOr<RotationFileInfo> ReadRotationFileInfo(const std::string& path);
+
+// The rotation file in `dir` (non-recursive, *.safetensors) fitted on the model with this
+// fingerprint, whose clip ratios were searched for `levels` ("uniform" or "lloyd-max"),
+// preferring per-head files; NotFound naming the directory when there is none. This is how a
+// default configuration picks the committed file under rotations/ for the model it loaded.
+absl::StatusOr<std::string> FindRotationFile(const std::string& dir,
+                                             const std::string& model_fingerprint,
+                                             const std::string& levels);
+
 absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_layers,
                                              int num_kv_heads, int head_dim,
                                              const std::string& expected_fingerprint);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Reproduces docs/fidelity.md: fetches the model and the text, fits the rotation files (the
+# committed default under rotations/ and the ablations under the cache folder), evaluates every
+# KV format at 1K-8K context, and plots the result. About 15 min of calibration and 30-40 min of
+# evaluation on 2 CPU cores.
+#   scripts/run-fidelity.sh [OUT_DIR]      (default: docs/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-docs}
+kv=${KVSTRATA:-build/bin/kvstrata}
+cache=${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}
+r=$cache/rotations
+mkdir -p "$r" rotations "$out"
+scripts/fetch-model.sh >/dev/null
+scripts/fetch-text.sh >/dev/null
+
+# The default, committed rotation file: per (layer, KV head), values from VᵀSᵀSV.
+"$kv" calibrate --out rotations/SmolLM2-135M-Instruct.safetensors
+# Ablations (not committed): OSCAR's shared per-layer rotation, OSCAR's value proxy, clips for
+# Lloyd-Max levels, and the Hadamard matrix alone with the same clip search.
+"$kv" calibrate --shared-rotation --out "$r/SmolLM2-135M-Instruct.shared.safetensors"
+"$kv" calibrate --value-proxy --out "$r/SmolLM2-135M-Instruct.proxy.safetensors"
+"$kv" calibrate --lloyd-max --out "$r/SmolLM2-135M-Instruct.lloyd-max.safetensors"
+"$kv" calibrate --hadamard-only --out "$r/SmolLM2-135M-Instruct.hadamard-clip.safetensors"
+
+"$kv" eval \
+  --rotations rotations/SmolLM2-135M-Instruct.safetensors \
+  --shared-rotations "$r/SmolLM2-135M-Instruct.shared.safetensors" \
+  --proxy-rotations "$r/SmolLM2-135M-Instruct.proxy.safetensors" \
+  --lloyd-max-rotations "$r/SmolLM2-135M-Instruct.lloyd-max.safetensors" \
+  --formats "fp8,int4,kivi2,turbo3,int2-naive,int2-hadamard,hadamard-clip=$r/SmolLM2-135M-Instruct.hadamard-clip.safetensors,oscar-shared,oscar,oscar-lm,oscar-proxy,oscar-nowin" \
+  --contexts 1024,2048,4096,8192 --windows 4,2,1,1 \
+  --json "$out/fidelity.json" | tee "$out/fidelity-table.txt"
+scripts/plot-fidelity.sh "$out/fidelity.json" "$out/fidelity-kld.png"
+# Finer INT2 groups (3.0 history bits).
+"$kv" calibrate --group-size 32 --out "$r/SmolLM2-135M-Instruct.g32.safetensors"
+"$kv" eval --group-size 32 --formats "oscar-g32=$r/SmolLM2-135M-Instruct.g32.safetensors" \
+  --contexts 1024,2048,4096,8192 --windows 4,2,1,1 --json "$out/fidelity-g32.json"

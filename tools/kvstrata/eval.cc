@@ -1,0 +1,173 @@
+// kvstrata eval: teacher-forced fidelity of KV formats against the BF16 cache, through the
+// engine's decode-path semantics, on held-out text (docs/fidelity.md).
+//
+//   scripts/fetch-text.sh
+//   kvstrata eval --rotations rotations/SmolLM2-135M-Instruct.safetensors --json out.json
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "calibration/evaluate.h"
+#include "calibration/text_corpus.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/kvstrata/commands.h"
+#include "tools/kvstrata/engine_flags.h"
+#include "tools/kvstrata/fidelity_flags.h"
+
+ABSL_FLAG(std::string, formats, "",
+          "comma-separated formats to compare with the BF16 cache (default: every format whose "
+          "rotation file is given): bf16, fp8, int4, kivi2, turbo3, int2-naive, int2-hadamard, "
+          "oscar, oscar-shared, oscar-proxy, oscar-lm, and any split format with -nowin");
+ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192", "comma-separated context lengths");
+ABSL_FLAG(std::string, windows, "1",
+          "windows of evaluation text per context: one count for all, or one per --contexts");
+ABSL_FLAG(int, chunk, 512, "tokens per forward pass (does not change the numbers)");
+ABSL_FLAG(int, threads, 2,
+          "formats evaluated concurrently (each with single-threaded BLAS; 1 = one format at a "
+          "time with multi-threaded BLAS)");
+ABSL_FLAG(int, attention_samples, 8,
+          "query positions per window for the per-layer attention metrics");
+ABSL_FLAG(std::string, shared_rotations, "",
+          "rotation file with one rotation per layer (calibrate --shared-rotation), for "
+          "oscar-shared");
+ABSL_FLAG(std::string, proxy_rotations, "",
+          "rotation file fitted with OSCAR's value proxy (calibrate --value-proxy), for "
+          "oscar-proxy");
+ABSL_FLAG(std::string, lloyd_max_rotations, "",
+          "rotation file with clips searched for Lloyd-Max levels (calibrate --lloyd-max), for "
+          "oscar-lm");
+// --json (write the results as JSON to this file) is defined by bench_engine.cc: absl flags are
+// global to the binary.
+ABSL_DECLARE_FLAG(std::string, json);
+ABSL_DECLARE_FLAG(int, group_size);
+
+namespace kvstrata::cli {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "kvstrata eval: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+int RunEval() {
+  calibration::EvalOptions options;
+  options.contexts.clear();
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_contexts), ',')) {
+    int ctx = 0;
+    if (!absl::SimpleAtoi(part, &ctx) || ctx < 2 || ctx > 131072) {
+      return Fail(absl::InvalidArgumentError(absl::StrFormat(
+          "--contexts: \"%s\" is not a context length in [2, 131072]", std::string(part))));
+    }
+    options.contexts.push_back(ctx);
+  }
+  options.windows.clear();
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_windows), ',')) {
+    int w = 0;
+    if (!absl::SimpleAtoi(part, &w) || w < 1) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrFormat("--windows: \"%s\" is not a window count >= 1", std::string(part))));
+    }
+    options.windows.push_back(w);
+  }
+  if (options.windows.size() != 1 && options.windows.size() != options.contexts.size()) {
+    return Fail(
+        absl::InvalidArgumentError("--windows: give one count, or one per --contexts entry"));
+  }
+  options.chunk = absl::GetFlag(FLAGS_chunk);
+  options.attention_samples = absl::GetFlag(FLAGS_attention_samples);
+  options.group_size = absl::GetFlag(FLAGS_group_size);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  if (options.threads < 1 || options.threads > 64) {
+    return Fail(absl::InvalidArgumentError("--threads must be in [1, 64]"));
+  }
+  if (options.chunk < 1 || options.chunk > 8192) {
+    return Fail(absl::InvalidArgumentError("--chunk must be in [1, 8192]"));
+  }
+  if (options.attention_samples < 0) {
+    return Fail(absl::InvalidArgumentError("--attention-samples must be >= 0"));
+  }
+
+  calibration::EvalRotationFiles files;
+  files.per_head = absl::GetFlag(FLAGS_rotations);
+  files.shared = absl::GetFlag(FLAGS_shared_rotations);
+  files.proxy = absl::GetFlag(FLAGS_proxy_rotations);
+  files.lloyd_max = absl::GetFlag(FLAGS_lloyd_max_rotations);
+  std::vector<std::string> names;
+  if (absl::GetFlag(FLAGS_formats).empty()) {
+    names = {"fp8", "int4", "kivi2", "turbo3", "int2-naive", "int2-hadamard"};
+    if (!files.shared.empty()) names.push_back("oscar-shared");
+    if (!files.per_head.empty()) names.push_back("oscar");
+    if (!files.lloyd_max.empty()) names.push_back("oscar-lm");
+    if (!files.proxy.empty()) names.push_back("oscar-proxy");
+    if (!files.per_head.empty()) names.push_back("oscar-nowin");
+  } else {
+    names = absl::StrSplit(absl::GetFlag(FLAGS_formats), ',', absl::SkipEmpty());
+  }
+
+  std::fprintf(stderr, "eval: loading the model\n");
+  absl::StatusOr<std::shared_ptr<const model::LoadedModel>> model = LoadModelFromFlag();
+  if (!model.ok()) return Fail(model.status());
+  // The Hadamard baseline is a rotation file like any other, made here for this model.
+  char hadamard_path[] = "/tmp/kvstrata-hadamard-XXXXXX";
+  const int fd = mkstemp(hadamard_path);
+  if (fd < 0) return Fail(absl::UnavailableError("cannot create a temporary file in /tmp"));
+  close(fd);
+  files.hadamard = hadamard_path;
+  struct Remove {
+    const char* path;
+    ~Remove() { std::remove(path); }
+  } remove_hadamard{hadamard_path};
+  if (absl::Status s = calibration::WriteHadamardRotationFile(files.hadamard, **model); !s.ok()) {
+    return Fail(s);
+  }
+  std::vector<calibration::EvalFormat> formats;
+  for (const std::string& name : names) {
+    absl::StatusOr<calibration::EvalFormat> f = calibration::ResolveEvalFormat(name, files);
+    if (!f.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--formats: ", f.status().message())));
+    formats.push_back(*f);
+  }
+
+  absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create((*model)->tokenizer);
+  if (!tok.ok()) return Fail(tok.status());
+  const std::string text_dir = TextDirFromFlag("evaluation");
+  absl::StatusOr<std::vector<calibration::TextDocument>> docs =
+      calibration::LoadTextDocuments(text_dir, *tok);
+  if (!docs.ok()) return Fail(docs.status());
+  std::fprintf(stderr, "eval: %zu formats x %zu contexts on %zu documents from %s\n",
+               formats.size(), options.contexts.size(), docs->size(), text_dir.c_str());
+  absl::StatusOr<calibration::EvalReport> report = calibration::Evaluate(
+      *model, *docs, formats, options,
+      [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+  if (!report.ok()) return Fail(report.status());
+  std::fputs(calibration::EvalReportTable(*report).c_str(), stdout);
+  std::printf("reference (BF16 cache) seconds per context:");
+  for (const auto& [ctx, s] : report->reference_seconds) std::printf(" %d: %.1f", ctx, s);
+  std::printf("; total %.0f s\n", report->seconds);
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    std::ofstream out(json_path, std::ios::trunc);
+    out << calibration::EvalReportJson(*report) << "\n";
+    out.close();
+    if (!out)
+      return Fail(absl::UnavailableError(absl::StrCat("--json ", json_path, ": cannot write")));
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+KVSTRATA_COMMAND(eval, "eval",
+                 "teacher-forced KV-format fidelity (perplexity, KL, attention errors) vs BF16",
+                 RunEval);
+
+}  // namespace kvstrata::cli
