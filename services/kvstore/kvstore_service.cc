@@ -1,0 +1,558 @@
+#include "services/kvstore/kvstore_service.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "rpc/status.h"
+#include "services/kvstore/transport.h"
+
+namespace kvstrata::kvstore {
+
+// The kvstrata_kvstore_* metrics, declared in one place. Store occupancy and totals are copied
+// from PageStore::Stats after every call (counters advance by the difference).
+class KvStoreMetrics {
+ public:
+  explicit KvStoreMetrics(MetricsRegistry& r)
+      : pages_(r.AddGauge("kvstrata_kvstore_pages", "Pages stored (primary forms).").Get()),
+        recent_copies_(r.AddGauge("kvstrata_kvstore_bf16_recent_copies",
+                                  "BF16_RECENT copies stored beside their INT2 pages.")
+                           .Get()),
+        used_bytes_(r.AddGauge("kvstrata_kvstore_used_bytes", "Bytes of page data stored.").Get()),
+        capacity_bytes_(
+            r.AddGauge("kvstrata_kvstore_capacity_bytes", "Capacity of the page store.").Get()),
+        pinned_pages_(
+            r.AddGauge("kvstrata_kvstore_pinned_pages", "Pages covered by a live lease.").Get()),
+        active_leases_(r.AddGauge("kvstrata_kvstore_active_leases", "Live leases.").Get()),
+        stored_(
+            r.AddCounter("kvstrata_kvstore_pages_stored_total", "Page forms newly stored.").Get()),
+        duplicates_(r.AddCounter("kvstrata_kvstore_put_duplicates_total",
+                                 "Puts of page forms already stored (nothing written).")
+                        .Get()),
+        evictions_(r.AddCounter("kvstrata_kvstore_evictions_total",
+                                "Pages evicted to make room (LRU leaves).")
+                       .Get()),
+        evicted_bytes_(r.AddCounter("kvstrata_kvstore_evicted_bytes_total",
+                                    "Bytes of pages evicted to make room.")
+                           .Get()),
+        lookups_(r.AddCounter("kvstrata_kvstore_lookups_total", "Lookup calls.").Get()),
+        lookup_pages_(
+            r.AddCounter("kvstrata_kvstore_lookup_pages_total", "Page keys asked for in Lookups.")
+                .Get()),
+        lookup_hit_pages_(r.AddCounter("kvstrata_kvstore_lookup_hit_pages_total",
+                                       "Page keys found by Lookups (matched prefix).")
+                              .Get()),
+        fetched_pages_(
+            r.AddCounter("kvstrata_kvstore_fetched_pages_total", "Pages served by Fetch.").Get()),
+        fetched_bytes_(
+            r.AddCounter("kvstrata_kvstore_fetch_bytes_total", "Page bytes served by Fetch.")
+                .Get()),
+        checksum_failures_(r.AddCounter("kvstrata_kvstore_checksum_failures_total",
+                                        "Puts with a checksum mismatch and pages found corrupt.")
+                               .Get()),
+        leases_expired_(
+            r.AddCounter("kvstrata_kvstore_leases_expired_total", "Leases that expired.").Get()),
+        requests_(r.AddCounter("kvstrata_kvstore_requests_total",
+                               "KvStore RPCs by method and gRPC status code.", {"method", "code"})),
+        latency_(r.AddHistogram("kvstrata_kvstore_request_duration_seconds",
+                                "KvStore RPC latency (whole stream for streaming RPCs).",
+                                LatencyBucketsSeconds(), {"method"})) {}
+
+  void Record(const char* method, absl::Duration elapsed, absl::StatusCode code) {
+    latency_.With({method}).Observe(absl::ToDoubleSeconds(elapsed));
+    requests_.With({method, absl::StatusCodeToString(code)}).Increment();
+  }
+
+  void Sync(const PageStoreStats& s) {
+    pages_.Set(static_cast<double>(s.pages));
+    recent_copies_.Set(static_cast<double>(s.bf16_recent_copies));
+    used_bytes_.Set(static_cast<double>(s.bytes_used));
+    capacity_bytes_.Set(static_cast<double>(s.bytes_capacity));
+    pinned_pages_.Set(static_cast<double>(s.pinned_pages));
+    active_leases_.Set(static_cast<double>(s.active_leases));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto advance = [](Counter& c, uint64_t now, uint64_t before) {
+      if (now > before) c.Increment(static_cast<double>(now - before));
+    };
+    advance(stored_, s.pages_stored_total, last_.pages_stored_total);
+    advance(duplicates_, s.put_duplicates_total, last_.put_duplicates_total);
+    advance(evictions_, s.evictions_total, last_.evictions_total);
+    advance(evicted_bytes_, s.evicted_bytes_total, last_.evicted_bytes_total);
+    advance(lookups_, s.lookups_total, last_.lookups_total);
+    advance(lookup_pages_, s.lookup_pages_total, last_.lookup_pages_total);
+    advance(lookup_hit_pages_, s.lookup_hit_pages_total, last_.lookup_hit_pages_total);
+    advance(fetched_pages_, s.fetched_pages_total, last_.fetched_pages_total);
+    advance(fetched_bytes_, s.fetched_bytes_total, last_.fetched_bytes_total);
+    advance(checksum_failures_, s.checksum_failures_total, last_.checksum_failures_total);
+    advance(leases_expired_, s.leases_expired_total, last_.leases_expired_total);
+    last_ = s;
+  }
+
+ private:
+  Gauge& pages_;
+  Gauge& recent_copies_;
+  Gauge& used_bytes_;
+  Gauge& capacity_bytes_;
+  Gauge& pinned_pages_;
+  Gauge& active_leases_;
+  Counter& stored_;
+  Counter& duplicates_;
+  Counter& evictions_;
+  Counter& evicted_bytes_;
+  Counter& lookups_;
+  Counter& lookup_pages_;
+  Counter& lookup_hit_pages_;
+  Counter& fetched_pages_;
+  Counter& fetched_bytes_;
+  Counter& checksum_failures_;
+  Counter& leases_expired_;
+  Family<Counter>& requests_;
+  Family<Histogram>& latency_;
+  std::mutex mu_;
+  PageStoreStats last_;
+};
+
+namespace {
+
+constexpr size_t kEventsPerBatch = 256;
+// How often a WatchEvents stream with no events checks for cancellation.
+constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
+
+absl::StatusOr<PageKey> ParseKey(const std::string& bytes, const std::string& field) {
+  if (bytes.size() != kPageKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": a page key is 16 bytes, got ", bytes.size()));
+  }
+  PageKey key;
+  std::memcpy(key.bytes.data(), bytes.data(), kPageKeyBytes);
+  return key;
+}
+
+std::string KeyBytes(const PageKey& key) {
+  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
+}
+
+absl::StatusOr<std::vector<PageKey>> ParseKeys(
+    const google::protobuf::RepeatedPtrField<std::string>& keys, const char* field,
+    uint32_t max_keys) {
+  if (keys.size() > static_cast<int>(max_keys)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", keys.size(), " keys, more than max_keys_per_request=", max_keys));
+  }
+  std::vector<PageKey> out;
+  out.reserve(keys.size());
+  for (int i = 0; i < keys.size(); ++i) {
+    KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(keys[i], absl::StrCat(field, "[", i, "]")));
+    out.push_back(key);
+  }
+  return out;
+}
+
+v1::PageEncoding ToProto(PageForm form) {
+  switch (form) {
+    case PageForm::kBf16:
+      return v1::PAGE_ENCODING_BF16;
+    case PageForm::kInt2:
+      return v1::PAGE_ENCODING_INT2;
+    case PageForm::kBf16Recent:
+      return v1::PAGE_ENCODING_BF16_RECENT;
+  }
+  return v1::PAGE_ENCODING_UNSPECIFIED;
+}
+
+v1::RemovalReason ToProto(RemovalReason reason) {
+  switch (reason) {
+    case RemovalReason::kEvicted:
+      return v1::REMOVAL_REASON_EVICTED;
+    case RemovalReason::kCorrupted:
+      return v1::REMOVAL_REASON_CORRUPTED;
+    case RemovalReason::kAdmin:
+      return v1::REMOVAL_REASON_ADMIN;
+  }
+  return v1::REMOVAL_REASON_UNSPECIFIED;
+}
+
+void FillHeader(const PageMeta& meta, v1::PageHeader* header) {
+  header->set_key(KeyBytes(meta.key));
+  header->set_parent_key(KeyBytes(meta.parent_key));
+  header->set_page_index(meta.page_index);
+  header->set_encoding(ToProto(meta.form));
+  header->set_byte_length(meta.byte_length);
+  header->set_checksum_xxh3_64(meta.checksum_xxh3_64);
+}
+
+// A Put header as the store's PageMeta, or INVALID_ARGUMENT naming the field.
+absl::StatusOr<PageMeta> ParseHeader(const v1::PageHeader& header, int page_number) {
+  const std::string where = absl::StrCat("page ", page_number, " of the stream");
+  PageMeta meta;
+  KV_ASSIGN_OR_RETURN(meta.key, ParseKey(header.key(), absl::StrCat(where, ": header.key")));
+  // PageHeader (common.proto): page 0 carries the namespace key as its parent, like the page's
+  // own header (docs/kv-format.md), so every page has a 16-byte parent_key.
+  KV_ASSIGN_OR_RETURN(meta.parent_key,
+                      ParseKey(header.parent_key(), absl::StrCat(where, " (", meta.key.ToHex(),
+                                                                 "): header.parent_key")));
+  meta.page_index = header.page_index();
+  switch (header.encoding()) {
+    case v1::PAGE_ENCODING_BF16:
+      meta.form = PageForm::kBf16;
+      break;
+    case v1::PAGE_ENCODING_INT2:
+      meta.form = PageForm::kInt2;
+      break;
+    case v1::PAGE_ENCODING_BF16_RECENT:
+      meta.form = PageForm::kBf16Recent;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " (", meta.key.ToHex(), "): header.encoding is unspecified or unknown"));
+  }
+  if (header.byte_length() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " (", meta.key.ToHex(), "): header.byte_length is 0"));
+  }
+  meta.byte_length = header.byte_length();
+  meta.checksum_xxh3_64 = header.checksum_xxh3_64();
+  return meta;
+}
+
+// Streams a page as one header then chunks of at most chunk_bytes.
+class GrpcStreamTransport final : public PageTransport {
+ public:
+  GrpcStreamTransport(grpc::ServerContext* context, grpc::ServerWriter<v1::FetchResponse>* writer,
+                      size_t chunk_bytes)
+      : context_(context), writer_(writer), chunk_bytes_(chunk_bytes) {}
+
+  absl::Status SendPage(const StoredPage& page) override {
+    v1::FetchResponse response;
+    FillHeader(page.meta, response.mutable_header());
+    if (!writer_->Write(response)) return Cancelled(page);
+    const std::vector<uint8_t>& bytes = *page.bytes;
+    for (size_t offset = 0; offset < bytes.size(); offset += chunk_bytes_) {
+      if (context_->IsCancelled()) return Cancelled(page);
+      const size_t n = std::min(chunk_bytes_, bytes.size() - offset);
+      response.set_chunk(reinterpret_cast<const char*>(bytes.data()) + offset, n);
+      if (!writer_->Write(response)) return Cancelled(page);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status Cancelled(const StoredPage& page) {
+    return absl::CancelledError(
+        absl::StrCat("stream closed while sending page ", page.meta.key.ToHex()));
+  }
+
+  grpc::ServerContext* context_;
+  grpc::ServerWriter<v1::FetchResponse>* writer_;
+  size_t chunk_bytes_;
+};
+
+std::string RandomStoreId() {
+  absl::BitGen gen;
+  return absl::StrFormat("kvstore-%016x", absl::Uniform<uint64_t>(gen));
+}
+
+}  // namespace
+
+KvStoreService::KvStoreService(PageStore* store, const KvStoreServiceOptions& options,
+                               MetricsRegistry* registry)
+    : store_(store),
+      options_(options),
+      store_id_(options.store_id.empty() ? RandomStoreId() : options.store_id),
+      start_time_unix_ms_(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))),
+      metrics_(std::make_unique<KvStoreMetrics>(*registry)) {
+  metrics_->Sync(store_->Stats());
+}
+
+KvStoreService::~KvStoreService() = default;
+
+grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
+                                    const absl::Status& status) {
+  metrics_->Record(method, absl::Now() - start, status.code());
+  metrics_->Sync(store_->Stats());
+  return rpc::ToGrpcStatus(status);
+}
+
+grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
+                                    const v1::LookupRequest* request,
+                                    v1::LookupResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    KV_ASSIGN_OR_RETURN(std::vector<PageKey> keys, ParseKeys(request->page_keys(), "page_keys",
+                                                             options_.max_keys_per_request));
+    if (absl::Milliseconds(request->lease_ttl_ms()) > store_->options().max_lease_ttl) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lease_ttl_ms: ", request->lease_ttl_ms(), " is above max_lease_ttl_ms=",
+                       absl::ToInt64Milliseconds(store_->options().max_lease_ttl)));
+    }
+    KV_ASSIGN_OR_RETURN(LookupResult result,
+                        store_->Lookup(keys, absl::Milliseconds(request->lease_ttl_ms())));
+    response->set_matched_pages(static_cast<uint32_t>(result.pages.size()));
+    response->set_page_size_tokens(store_->page_size_tokens());
+    response->set_lease_id(result.lease_id);
+    for (const PageInfo& info : result.pages) {
+      v1::PageInfo* out = response->add_pages();
+      out->set_key(KeyBytes(info.key));
+      out->set_primary_encoding(ToProto(info.primary_form));
+      out->set_primary_bytes(info.primary_bytes);
+      out->set_has_bf16_recent(info.has_bf16_recent);
+      out->set_bf16_recent_bytes(info.bf16_recent_bytes);
+    }
+    return absl::OkStatus();
+  }();
+  return Finish("Lookup", start, status);
+}
+
+grpc::Status KvStoreService::Put(grpc::ServerContext* /*context*/,
+                                 grpc::ServerReader<v1::PutRequest>* reader,
+                                 v1::PutResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    std::optional<PageMeta> current;
+    std::vector<uint8_t> buffer;
+    int page_number = 0;
+    v1::PutRequest request;
+    while (reader->Read(&request)) {
+      switch (request.part_case()) {
+        case v1::PutRequest::kHeader: {
+          if (current.has_value()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("page ", current->key.ToHex(), ": header of the next page after ",
+                             buffer.size(), " of ", current->byte_length, " bytes"));
+          }
+          KV_ASSIGN_OR_RETURN(current, ParseHeader(request.header(), page_number++));
+          if (current->byte_length > store_->options().capacity_bytes) {
+            return absl::ResourceExhaustedError(absl::StrCat(
+                "page ", current->key.ToHex(), ": ", current->byte_length,
+                " bytes exceed the store capacity of ", store_->options().capacity_bytes));
+          }
+          buffer.clear();
+          buffer.reserve(current->byte_length);
+          break;
+        }
+        case v1::PutRequest::kChunk: {
+          if (!current.has_value()) {
+            return absl::InvalidArgumentError("chunk: page data before any header");
+          }
+          const std::string& chunk = request.chunk();
+          if (buffer.size() + chunk.size() > current->byte_length) {
+            return absl::InvalidArgumentError(absl::StrCat("page ", current->key.ToHex(),
+                                                           ": chunks exceed byte_length ",
+                                                           current->byte_length));
+          }
+          buffer.insert(buffer.end(), chunk.begin(), chunk.end());
+          break;
+        }
+        case v1::PutRequest::PART_NOT_SET:
+          return absl::InvalidArgumentError("part: a PutRequest with neither header nor chunk");
+      }
+      if (current.has_value() && buffer.size() == current->byte_length) {
+        KV_ASSIGN_OR_RETURN(PutResult result, store_->Put(*current, std::move(buffer)));
+        buffer = {};
+        current.reset();
+        response->set_pages_stored(response->pages_stored() + (result.stored ? 1 : 0));
+        response->set_pages_already_present(response->pages_already_present() +
+                                            (result.duplicate ? 1 : 0));
+        response->set_pages_evicted(response->pages_evicted() + result.evicted);
+      }
+    }
+    if (current.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("page ", current->key.ToHex(),
+                                                     ": stream ended after ", buffer.size(), " of ",
+                                                     current->byte_length, " bytes"));
+    }
+    return absl::OkStatus();
+  }();
+  return Finish("Put", start, status);
+}
+
+grpc::Status KvStoreService::Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
+                                   grpc::ServerWriter<v1::FetchResponse>* writer) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    if (request->pages_size() > static_cast<int>(options_.max_keys_per_request)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pages: ", request->pages_size(),
+                       " refs, more than max_keys_per_request=", options_.max_keys_per_request));
+    }
+    std::vector<std::pair<PageKey, bool>> refs;
+    for (int i = 0; i < request->pages_size(); ++i) {
+      const v1::PageRef& ref = request->pages(i);
+      KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(ref.key(), absl::StrCat("pages[", i, "].key")));
+      const v1::PageEncoding e = ref.encoding();
+      if (e == v1::PAGE_ENCODING_BF16_RECENT) {
+        refs.emplace_back(key, true);
+      } else if (e == v1::PAGE_ENCODING_UNSPECIFIED || e == v1::PAGE_ENCODING_BF16 ||
+                 e == v1::PAGE_ENCODING_INT2) {
+        refs.emplace_back(key, false);
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("pages[", i, "].encoding: unknown"));
+      }
+    }
+    const uint32_t chunk = request->max_chunk_bytes() == 0
+                               ? options_.max_chunk_bytes
+                               : std::min(request->max_chunk_bytes(), options_.max_chunk_bytes);
+    GrpcStreamTransport transport(context, writer, chunk);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      KV_ASSIGN_OR_RETURN(StoredPage page,
+                          store_->Fetch(refs[i].first, refs[i].second, request->lease_id()));
+      // A primary asked for by a specific encoding must be that encoding.
+      const v1::PageEncoding asked = request->pages(static_cast<int>(i)).encoding();
+      if (!refs[i].second && asked != v1::PAGE_ENCODING_UNSPECIFIED &&
+          asked != ToProto(page.meta.form)) {
+        return absl::NotFoundError(absl::StrCat("page ", refs[i].first.ToHex(), " is stored as ",
+                                                PageFormName(page.meta.form)));
+      }
+      KV_RETURN_IF_ERROR(transport.SendPage(page));
+    }
+    return absl::OkStatus();
+  }();
+  return Finish("Fetch", start, status);
+}
+
+grpc::Status KvStoreService::Pin(grpc::ServerContext* /*context*/, const v1::PinRequest* request,
+                                 v1::PinResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    KV_ASSIGN_OR_RETURN(std::vector<PageKey> keys, ParseKeys(request->page_keys(), "page_keys",
+                                                             options_.max_keys_per_request));
+    KV_ASSIGN_OR_RETURN(PinResult result, store_->Pin(keys, absl::Milliseconds(request->ttl_ms()),
+                                                      request->lease_id()));
+    response->set_lease_id(result.lease_id);
+    response->set_pinned_pages(result.pinned_pages);
+    for (uint32_t i : result.missing_indices) response->add_missing_indices(i);
+    response->set_expires_in_ms(
+        static_cast<uint32_t>(absl::ToInt64Milliseconds(result.expires_in)));
+    return absl::OkStatus();
+  }();
+  return Finish("Pin", start, status);
+}
+
+grpc::Status KvStoreService::Release(grpc::ServerContext* /*context*/,
+                                     const v1::ReleaseRequest* request,
+                                     v1::ReleaseResponse* response) {
+  const absl::Time start = absl::Now();
+  response->set_released(store_->Release(request->lease_id()));
+  return Finish("Release", start, absl::OkStatus());
+}
+
+grpc::Status KvStoreService::Stats(grpc::ServerContext* /*context*/,
+                                   const v1::StatsRequest* /*request*/,
+                                   v1::StatsResponse* response) {
+  const absl::Time start = absl::Now();
+  const PageStoreStats s = store_->Stats();
+  response->set_store_id(store_id_);
+  response->set_store_epoch(store_->epoch());
+  response->set_start_time_unix_ms(start_time_unix_ms_);
+  response->set_tier(v1::STORAGE_TIER_HOST);
+  response->set_page_size_tokens(store_->page_size_tokens());
+  v1::StoreLimits* limits = response->mutable_limits();
+  limits->set_max_keys_per_request(options_.max_keys_per_request);
+  limits->set_max_lease_ttl_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(store_->options().max_lease_ttl)));
+  limits->set_max_leases(store_->options().max_leases);
+  limits->set_max_chunk_bytes(options_.max_chunk_bytes);
+  response->set_pages(s.pages);
+  response->set_bf16_recent_copies(s.bf16_recent_copies);
+  response->set_bytes_used(s.bytes_used);
+  response->set_bytes_capacity(s.bytes_capacity);
+  response->set_pinned_pages(s.pinned_pages);
+  response->set_active_leases(s.active_leases);
+  response->set_lookups_total(s.lookups_total);
+  response->set_lookup_pages_total(s.lookup_pages_total);
+  response->set_lookup_hit_pages_total(s.lookup_hit_pages_total);
+  response->set_pages_stored_total(s.pages_stored_total);
+  response->set_put_duplicates_total(s.put_duplicates_total);
+  response->set_evictions_total(s.evictions_total);
+  response->set_evicted_bytes_total(s.evicted_bytes_total);
+  response->set_fetched_pages_total(s.fetched_pages_total);
+  response->set_fetched_bytes_total(s.fetched_bytes_total);
+  response->set_checksum_failures_total(s.checksum_failures_total);
+  response->set_leases_expired_total(s.leases_expired_total);
+  response->set_last_event_sequence(s.last_event_sequence);
+  return Finish("Stats", start, absl::OkStatus());
+}
+
+grpc::Status KvStoreService::WatchEvents(grpc::ServerContext* context,
+                                         const v1::WatchEventsRequest* request,
+                                         grpc::ServerWriter<v1::WatchEventsResponse>* writer) {
+  const absl::Time start = absl::Now();
+  auto to_proto = [](const PageEvent& e, v1::PageEvent* out) {
+    out->set_sequence(e.sequence);
+    out->set_time_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(e.time)));
+    out->set_snapshot(e.snapshot);
+    switch (e.kind) {
+      case PageEvent::Kind::kStored: {
+        v1::PageStored* stored = out->mutable_stored();
+        stored->set_key(KeyBytes(e.page.key));
+        // PageStored: empty parent for page 0 (and for a copy, whose primary carries it).
+        if (e.page.page_index > 0) stored->set_parent_key(KeyBytes(e.page.parent_key));
+        stored->set_page_index(e.page.page_index);
+        stored->set_encoding(ToProto(e.page.form));
+        stored->set_byte_length(e.page.byte_length);
+        break;
+      }
+      case PageEvent::Kind::kRemoved: {
+        v1::PageRemoved* removed = out->mutable_removed();
+        removed->set_key(KeyBytes(e.page.key));
+        removed->set_encoding(ToProto(e.page.form));
+        removed->set_reason(ToProto(e.reason));
+        break;
+      }
+    }
+  };
+  auto send = [&](const std::vector<PageEvent>& events, size_t begin, size_t end) {
+    v1::WatchEventsResponse response;
+    response.set_store_epoch(store_->epoch());
+    for (size_t i = begin; i < end; ++i) to_proto(events[i], response.add_events());
+    return writer->Write(response);
+  };
+
+  uint64_t after = request->after_sequence();
+  if (request->include_snapshot()) {
+    auto [snapshot, last] = store_->Snapshot();
+    after = last;
+    for (size_t i = 0; i < snapshot.size(); i += kEventsPerBatch) {
+      if (!send(snapshot, i, std::min(snapshot.size(), i + kEventsPerBatch))) {
+        return Finish("WatchEvents", start, absl::OkStatus());
+      }
+    }
+    if (snapshot.empty()) send(snapshot, 0, 0);  // tells the watcher the epoch at once
+  } else {
+    // 0 asks for new events only; a sequence beyond the latest one comes from an earlier epoch
+    // (a restarted store), so the watcher starts afresh and learns the new epoch.
+    const uint64_t last = store_->Stats().last_event_sequence;
+    if (after == 0 || after > last) after = last;
+  }
+  while (!context->IsCancelled()) {
+    std::vector<PageEvent> events =
+        store_->WaitForEvents(after, absl::Now() + kWatchPoll, kEventsPerBatch);
+    if (events.empty()) continue;
+    after = events.back().sequence;
+    if (!send(events, 0, events.size())) break;
+  }
+  // The watcher went away (cancelled or its deadline passed): the normal end of a watch.
+  return Finish("WatchEvents", start, absl::OkStatus());
+}
+
+grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* /*context*/,
+                                          const v1::OpenTransferRequest* /*request*/,
+                                          v1::OpenTransferResponse* /*response*/) {
+  return Finish(
+      "OpenTransfer", absl::Now(),
+      absl::UnimplementedError(
+          "OpenTransfer: the NCCL transport is not built yet in this kvstore; use Fetch"));
+}
+
+}  // namespace kvstrata::kvstore

@@ -1,0 +1,64 @@
+#pragma once
+
+// kvstrata.v1.KvStore (proto/kvstrata/v1/kvstore.proto) on a PageStore, with the sync gRPC API.
+// The handlers validate requests (INVALID_ARGUMENT naming the field), map absl::Status to
+// grpc::Status, and keep the kvstrata_kvstore_* Prometheus metrics. Thread-safe: gRPC calls the
+// handlers concurrently; all shared state is in the PageStore and the metrics.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/metrics.h"
+#include "kvstrata/v1/kvstore.grpc.pb.h"
+#include "services/kvstore/page_store.h"
+
+namespace kvstrata::kvstore {
+
+struct KvStoreServiceOptions {
+  // Identity reported by Stats; a random one is made when empty.
+  std::string store_id;
+  // Most page keys (or refs) in one Lookup, Pin or Fetch request.
+  uint32_t max_keys_per_request = 4096;
+  // Largest Fetch chunk sent, in bytes; also the default chunk.
+  uint32_t max_chunk_bytes = 1 << 20;
+};
+
+class KvStoreMetrics;
+
+class KvStoreService final : public v1::KvStore::Service {
+ public:
+  // `store` and `registry` are borrowed and must outlive the service; the metrics are added to
+  // `registry` once, here.
+  KvStoreService(PageStore* store, const KvStoreServiceOptions& options, MetricsRegistry* registry);
+  ~KvStoreService() override;
+
+  grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                      v1::LookupResponse* response) override;
+  grpc::Status Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
+                   v1::PutResponse* response) override;
+  grpc::Status Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
+                     grpc::ServerWriter<v1::FetchResponse>* writer) override;
+  grpc::Status Pin(grpc::ServerContext* context, const v1::PinRequest* request,
+                   v1::PinResponse* response) override;
+  grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
+                       v1::ReleaseResponse* response) override;
+  grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                     v1::StatsResponse* response) override;
+  grpc::Status WatchEvents(grpc::ServerContext* context, const v1::WatchEventsRequest* request,
+                           grpc::ServerWriter<v1::WatchEventsResponse>* writer) override;
+  grpc::Status OpenTransfer(grpc::ServerContext* context, const v1::OpenTransferRequest* request,
+                            v1::OpenTransferResponse* response) override;
+
+ private:
+  // Records latency and outcome of one call and refreshes the store gauges.
+  grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
+
+  PageStore* store_;
+  const KvStoreServiceOptions options_;
+  const std::string store_id_;
+  const uint64_t start_time_unix_ms_;
+  std::unique_ptr<KvStoreMetrics> metrics_;
+};
+
+}  // namespace kvstrata::kvstore

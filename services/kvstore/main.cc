@@ -1,0 +1,179 @@
+// kvstrata-kvstore: serves kvstrata.v1.KvStore from an in-memory page store, with Prometheus
+// metrics on /metrics. `kvstrata-kvstore --help` lists the flags; docs/kvstore.md explains them.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/metrics.h"
+#include "rpc/server.h"
+#include "services/kvstore/kvstore_service.h"
+#include "services/kvstore/page_store.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
+          "gRPC address to serve KvStore on (port 0: any).");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9461",
+          "HTTP address for Prometheus /metrics (port 0: any; empty: no metrics endpoint).");
+ABSL_FLAG(uint64_t, capacity_mb, 1024, "Page store capacity in MiB (page bytes, both forms).");
+ABSL_FLAG(uint32_t, max_lease_ttl_ms, 60000, "Longest lease a Lookup or Pin may ask for, in ms.");
+ABSL_FLAG(uint32_t, max_leases, 4096, "Most live leases.");
+ABSL_FLAG(uint32_t, max_keys_per_request, 4096, "Most page keys in one Lookup, Pin or Fetch.");
+ABSL_FLAG(uint32_t, max_chunk_bytes, 1 << 20, "Largest Fetch chunk sent, in bytes (<= 4 MiB).");
+ABSL_FLAG(uint32_t, page_size_tokens, 64, "Tokens per page, reported to clients.");
+ABSL_FLAG(uint64_t, event_backlog, 65536, "Page events kept for WatchEvents resumption.");
+ABSL_FLAG(std::string, store_id, "", "Identity reported by Stats (default: random).");
+ABSL_FLAG(uint32_t, shutdown_grace_ms, 2000,
+          "On SIGINT/SIGTERM, how long in-flight RPCs may finish before being cancelled.");
+
+namespace kvstrata::kvstore {
+namespace {
+
+constexpr uint32_t kMaxChunkBytes = 4 << 20;
+
+struct KvStoreConfig {
+  std::string listen;
+  std::string metrics_listen;
+  PageStoreOptions store;
+  KvStoreServiceOptions service;
+  absl::Duration shutdown_grace;
+};
+
+// Folds the flags into a config; errors name the flag.
+absl::StatusOr<KvStoreConfig> ConfigFromFlags() {
+  KvStoreConfig config;
+  config.listen = absl::GetFlag(FLAGS_listen);
+  if (config.listen.empty()) return absl::InvalidArgumentError("--listen: must not be empty");
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const uint64_t capacity_mb = absl::GetFlag(FLAGS_capacity_mb);
+  if (capacity_mb == 0 || capacity_mb > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--capacity_mb: must be in 1..", uint64_t{1} << 30, ", got ", capacity_mb));
+  }
+  config.store.capacity_bytes = capacity_mb << 20;
+  const uint32_t ttl_ms = absl::GetFlag(FLAGS_max_lease_ttl_ms);
+  if (ttl_ms == 0) return absl::InvalidArgumentError("--max_lease_ttl_ms: must be > 0");
+  config.store.max_lease_ttl = absl::Milliseconds(ttl_ms);
+  config.store.max_leases = absl::GetFlag(FLAGS_max_leases);
+  if (config.store.max_leases == 0) {
+    return absl::InvalidArgumentError("--max_leases: must be > 0");
+  }
+  config.store.page_size_tokens = absl::GetFlag(FLAGS_page_size_tokens);
+  if (config.store.page_size_tokens == 0 || config.store.page_size_tokens > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("--page_size_tokens: must be in 1..4096, got ",
+                                                   config.store.page_size_tokens));
+  }
+  config.store.event_backlog = absl::GetFlag(FLAGS_event_backlog);
+  if (config.store.event_backlog == 0) {
+    return absl::InvalidArgumentError("--event_backlog: must be > 0");
+  }
+  config.service.store_id = absl::GetFlag(FLAGS_store_id);
+  config.service.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
+  if (config.service.max_keys_per_request == 0) {
+    return absl::InvalidArgumentError("--max_keys_per_request: must be > 0");
+  }
+  config.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  if (config.service.max_chunk_bytes == 0 || config.service.max_chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_chunk_bytes: must be in 1..",
+                                                   kMaxChunkBytes, ", got ",
+                                                   config.service.max_chunk_bytes));
+  }
+  config.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  return config;
+}
+
+int Run(const KvStoreConfig& config) {
+  // Block the shutdown signals in every thread (gRPC's and civetweb's inherit this mask); one
+  // thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  SystemClock clock;
+  PageStore store(config.store, &clock);
+  MetricsRegistry registry;
+  KvStoreService service(&store, config.service, &registry);
+
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics_listen.empty()) {
+    std::string error;
+    metrics = MetricsServer::Start(&registry, config.metrics_listen, &error);
+    if (metrics == nullptr) {
+      fprintf(stderr, "kvstrata-kvstore: --metrics_listen=%s: %s\n", config.metrics_listen.c_str(),
+              error.c_str());
+      return 1;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<rpc::Server>> server =
+      rpc::Server::Start({.listen_address = config.listen, .services = {&service}});
+  if (!server.ok()) {
+    fprintf(stderr, "kvstrata-kvstore: --listen: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  (*server)->SetServingStatus("kvstrata.v1.KvStore", true);
+  fprintf(stderr,
+          "kvstrata-kvstore: serving kvstrata.v1.KvStore on %s (capacity %llu MiB, epoch "
+          "%016llx); metrics on %s\n",
+          (*server)->address().c_str(),
+          static_cast<unsigned long long>(config.store.capacity_bytes >> 20),
+          static_cast<unsigned long long>(store.epoch()),
+          metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+
+  std::thread waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    fprintf(stderr, "kvstrata-kvstore: signal %d, shutting down (grace %s)\n", signal,
+            absl::FormatDuration(config.shutdown_grace).c_str());
+    (*server)->Shutdown(config.shutdown_grace);
+  });
+  (*server)->Wait();
+  waiter.join();
+  fprintf(stderr, "kvstrata-kvstore: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvstrata::kvstore
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvstrata-kvstore: the KV page store (kvstrata.v1.KvStore), in host memory.\n"
+      "Stores immutable KV pages by radix-hash key with parent links, evicts least recently\n"
+      "used leaves when full, keeps leased pages, streams stored/removed events, and exports\n"
+      "kvstrata_kvstore_* metrics on --metrics_listen. SIGINT/SIGTERM stop it cleanly.\n\n"
+      "usage: kvstrata-kvstore [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
+      "[--capacity_mb=N] ...");
+  // --help lists this file's flags (absl matches on the binary's name by default).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "services/kvstore/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    fprintf(stderr, "kvstrata-kvstore: unexpected argument '%s' (see --help)\n", positional[1]);
+    return 2;
+  }
+  absl::StatusOr<kvstrata::kvstore::KvStoreConfig> config = kvstrata::kvstore::ConfigFromFlags();
+  if (!config.ok()) {
+    fprintf(stderr, "kvstrata-kvstore: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  return kvstrata::kvstore::Run(*config);
+}

@@ -1,0 +1,241 @@
+#pragma once
+
+// The kvstore's in-memory page store: immutable KV pages (docs/kv-format.md §4) keyed by their
+// radix hash (docs/hashing.md), with parent links, a byte capacity, leaf-first LRU eviction,
+// leases, and a log of stored/removed events. No gRPC here: services/kvstore/kvstore_service.h
+// maps it onto kvstrata.v1.KvStore.
+//
+// Invariants kept at every step:
+// - Chains: a page with page_index > 0 is stored only if its parent is, so the store always
+//   holds whole prefixes.
+// - Eviction takes least recently used *leaves* only (pages with no stored child), never a
+//   page covered by a live lease, so a page is never evicted before its descendants.
+// - A key has one primary form (BF16 or INT2) and at most one BF16_RECENT copy, which needs an
+//   INT2 primary and goes away with it. Both count against the capacity.
+//
+// Thread-safety: every method may be called concurrently (one mutex). Page bytes are handed out
+// as shared immutable buffers, so a page evicted while it is being streamed stays valid for the
+// reader that holds it.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/radix_hash.h"
+
+namespace kvstrata::kvstore {
+
+// Time source for lease expiry and event timestamps; tests inject a fake.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual absl::Time Now() const = 0;
+};
+
+class SystemClock final : public Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+};
+
+// Which form of a page some bytes are (kvstrata.v1.PageEncoding without UNSPECIFIED).
+enum class PageForm : uint8_t { kBf16, kInt2, kBf16Recent };
+
+const char* PageFormName(PageForm form);
+
+// What a writer says about a page; checked against the bytes on Put.
+struct PageMeta {
+  PageKey key;
+  PageKey parent_key;  // the namespace key for page 0
+  uint32_t page_index = 0;
+  PageForm form = PageForm::kBf16;
+  uint64_t byte_length = 0;
+  uint64_t checksum_xxh3_64 = 0;  // XXH3-64, seed 0, of the bytes
+};
+
+// A stored form of a page: its description and its bytes, shared and immutable.
+struct StoredPage {
+  PageMeta meta;
+  std::shared_ptr<const std::vector<uint8_t>> bytes;
+};
+
+struct PageStoreOptions {
+  uint64_t capacity_bytes = uint64_t{1} << 30;
+  uint32_t max_leases = 4096;
+  absl::Duration max_lease_ttl = absl::Seconds(60);
+  // Events kept for watchers that resume or lag.
+  size_t event_backlog = 65536;
+  // Tokens per page, reported to clients (not enforced: keys already bind it).
+  uint32_t page_size_tokens = 64;
+};
+
+struct PutResult {
+  bool stored = false;     // newly stored
+  bool duplicate = false;  // same key and form were already stored; nothing written
+  uint32_t evicted = 0;    // pages evicted to make room
+};
+
+struct PageInfo {
+  PageKey key;
+  PageForm primary_form = PageForm::kBf16;
+  uint64_t primary_bytes = 0;
+  bool has_bf16_recent = false;
+  uint64_t bf16_recent_bytes = 0;
+};
+
+struct LookupResult {
+  std::vector<PageInfo> pages;  // the matched prefix, in order
+  uint64_t lease_id = 0;        // 0 unless a lease was asked for and something matched
+};
+
+struct PinResult {
+  uint64_t lease_id = 0;
+  uint32_t pinned_pages = 0;
+  std::vector<uint32_t> missing_indices;
+  absl::Duration expires_in;
+};
+
+struct PageStoreStats {
+  uint64_t pages = 0;
+  uint64_t bf16_recent_copies = 0;
+  uint64_t bytes_used = 0;
+  uint64_t bytes_capacity = 0;
+  uint64_t pinned_pages = 0;
+  uint32_t active_leases = 0;
+  uint64_t lookups_total = 0;
+  uint64_t lookup_pages_total = 0;
+  uint64_t lookup_hit_pages_total = 0;
+  uint64_t pages_stored_total = 0;
+  uint64_t put_duplicates_total = 0;
+  uint64_t evictions_total = 0;
+  uint64_t evicted_bytes_total = 0;
+  uint64_t fetched_pages_total = 0;
+  uint64_t fetched_bytes_total = 0;
+  uint64_t checksum_failures_total = 0;
+  uint64_t leases_expired_total = 0;
+  uint64_t last_event_sequence = 0;
+};
+
+enum class RemovalReason : uint8_t { kEvicted, kCorrupted, kAdmin };
+
+struct PageEvent {
+  enum class Kind : uint8_t { kStored, kRemoved };
+  uint64_t sequence = 0;
+  absl::Time time;
+  bool snapshot = false;
+  Kind kind = Kind::kStored;
+  // For kStored every field; for kRemoved key and form.
+  PageMeta page;
+  RemovalReason reason = RemovalReason::kEvicted;
+};
+
+class PageStore {
+ public:
+  // `clock` is borrowed and must outlive the store.
+  PageStore(const PageStoreOptions& options, const Clock* clock);
+
+  PageStore(const PageStore&) = delete;
+  PageStore& operator=(const PageStore&) = delete;
+
+  // Stores one page form. Idempotent: a key and form already stored is a duplicate (OK).
+  // Errors (each names the key): DataLoss when the bytes do not match meta.checksum_xxh3_64;
+  // InvalidArgument when the bytes are not a valid page (core ParsePage) or their header
+  // disagrees with `meta` (key, parent, index, encoding, length); FailedPrecondition when the
+  // parent is absent (page_index > 0), when a BF16_RECENT copy has no INT2 primary, or when the
+  // key is stored with another primary form; ResourceExhausted when the page is larger than the
+  // capacity or room can only be made by evicting leased pages.
+  absl::StatusOr<PutResult> Put(const PageMeta& meta, std::vector<uint8_t> bytes);
+
+  // The longest stored prefix of `keys` (page 0 first). Touches the hits (LRU). With
+  // lease_ttl > 0 and at least one hit, pins the hits under a new lease (errors as Pin).
+  absl::StatusOr<LookupResult> Lookup(const std::vector<PageKey>& keys, absl::Duration lease_ttl);
+
+  // Creates (lease_id 0) or extends a lease and adds the present keys to it. InvalidArgument
+  // for a ttl <= 0 or above max_lease_ttl; NotFound for an unknown or expired lease_id;
+  // ResourceExhausted at max_leases.
+  absl::StatusOr<PinResult> Pin(const std::vector<PageKey>& keys, absl::Duration ttl,
+                                uint64_t lease_id);
+
+  // Ends a lease; false if it was unknown or already expired.
+  bool Release(uint64_t lease_id);
+
+  // One stored form (kBf16/kInt2 mean "the primary", whichever it is; kBf16Recent the copy).
+  // FailedPrecondition when lease_id != 0 names no live lease; NotFound when absent; DataLoss
+  // (and the page is removed) when the bytes no longer match their checksum. Touches the page.
+  absl::StatusOr<StoredPage> Fetch(const PageKey& key, bool bf16_recent, uint64_t lease_id);
+
+  PageStoreStats Stats();
+
+  // Random per store instance; sequence numbers restart with it.
+  uint64_t epoch() const { return epoch_; }
+  uint32_t page_size_tokens() const { return options_.page_size_tokens; }
+  const PageStoreOptions& options() const { return options_; }
+
+  // One kStored event per stored form, parents before children (primaries before their
+  // BF16_RECENT copies), all marked snapshot with the sequence of the last live event, which is
+  // also returned: live events after it follow without a gap.
+  std::pair<std::vector<PageEvent>, uint64_t> Snapshot();
+
+  // Events with sequence > after_sequence still in the backlog (up to max_events), waiting
+  // until `deadline` for one to appear. Empty on deadline. If after_sequence is older than the
+  // backlog, starts at the oldest kept event (the watcher sees the jump).
+  std::vector<PageEvent> WaitForEvents(uint64_t after_sequence, absl::Time deadline,
+                                       size_t max_events);
+
+ private:
+  struct Entry {
+    PageMeta primary;
+    std::shared_ptr<const std::vector<uint8_t>> primary_bytes;
+    std::optional<PageMeta> recent;
+    std::shared_ptr<const std::vector<uint8_t>> recent_bytes;
+    uint32_t children = 0;
+    uint32_t pins = 0;
+    uint64_t last_use = 0;
+  };
+  struct Lease {
+    absl::Time expiry;
+    absl::flat_hash_set<PageKey> keys;
+  };
+
+  void ExpireLeasesLocked(absl::Time now);
+  void DropLeaseLocked(uint64_t lease_id);
+  void TouchLocked(const PageKey& key, Entry& entry);
+  // Evicts LRU unpinned leaves (never `keep`) until `bytes` more fit. Counts them in *evicted.
+  absl::Status MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint32_t* evicted);
+  void RemoveLocked(const PageKey& key, RemovalReason reason);
+  void AppendEventLocked(PageEvent event);
+  absl::StatusOr<PinResult> PinLocked(const std::vector<PageKey>& keys, absl::Duration ttl,
+                                      uint64_t lease_id, absl::Time now);
+
+  const PageStoreOptions options_;
+  const Clock* clock_;
+  const uint64_t epoch_;
+
+  std::mutex mu_;
+  std::condition_variable events_cv_;
+  absl::flat_hash_map<PageKey, Entry> entries_;
+  // Every leaf (page with no stored child), leased or not, by last use: (last_use, key).
+  std::set<std::pair<uint64_t, PageKey>> leaves_;
+  absl::flat_hash_map<uint64_t, Lease> leases_;
+  uint64_t next_lease_id_ = 1;
+  uint64_t use_tick_ = 0;
+  std::deque<PageEvent> events_;
+  uint64_t last_sequence_ = 0;
+  PageStoreStats stats_;  // counters only; occupancy fields computed in Stats()
+  uint64_t bytes_used_ = 0;
+  uint64_t recent_copies_ = 0;
+  uint64_t pinned_pages_ = 0;  // entries with pins > 0
+};
+
+}  // namespace kvstrata::kvstore

@@ -1,0 +1,155 @@
+// Starts the real kvstrata-kvstore binary as a child process on free loopback ports, waits for
+// its health check, uses it, scrapes /metrics through `promtool check metrics`, and stops it with
+// SIGTERM.
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvstrata/v1/kvstore.grpc.pb.h"
+
+#ifndef KVSTRATA_KVSTORE_BINARY
+#error "KVSTRATA_KVSTORE_BINARY must name the kvstrata-kvstore binary"
+#endif
+
+namespace kvstrata::kvstore {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A port that was free a moment ago (the kernel does not hand it out again at once).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET http://127.0.0.1:port/path; the body, or "" on failure.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  timeval timeout{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+TEST(KvStoreBinaryTest, ServesHealthAndMetricsAndStopsOnSigterm) {
+  const int grpc_port = FreePort();
+  const int metrics_port = FreePort();
+  ASSERT_GT(grpc_port, 0);
+  ASSERT_GT(metrics_port, 0);
+  const std::string listen = absl::StrCat("--listen=127.0.0.1:", grpc_port);
+  const std::string metrics_listen = absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port);
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(KVSTRATA_KVSTORE_BINARY, "kvstrata-kvstore", listen.c_str(), metrics_listen.c_str(),
+          "--capacity_mb=4", "--shutdown_grace_ms=500", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+
+  // Reconnect quickly while the child starts (gRPC's default first backoff is 1 s).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", grpc_port),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool serving = false;
+  while (!serving && absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    context.set_wait_for_ready(true);  // waits for the port to open within the deadline
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service("kvstrata.v1.KvStore");
+    grpc::health::v1::HealthCheckResponse response;
+    serving = health->Check(&context, request, &response).ok() &&
+              response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, WNOHANG), 0) << "kvstrata-kvstore exited early";
+  }
+  ASSERT_TRUE(serving) << "kvstrata-kvstore not SERVING within 10 s";
+
+  // One call so that the latency histogram has a child.
+  auto store = v1::KvStore::NewStub(channel);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::StatsResponse stats;
+    ASSERT_TRUE(store->Stats(&context, v1::StatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.bytes_capacity(), 4u << 20);
+  }
+
+  const std::string metrics = HttpGet(metrics_port, "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("kvstrata_kvstore_capacity_bytes 4194304"));
+  EXPECT_THAT(metrics,
+              HasSubstr("kvstrata_kvstore_requests_total{method=\"Stats\",code=\"OK\"} 1"));
+  const std::string path = absl::StrCat(::testing::TempDir(), "kvstore_metrics_", getpid());
+  FILE* file = fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr);
+  fwrite(metrics.data(), 1, metrics.size(), file);
+  fclose(file);
+  const std::string check = absl::StrCat("promtool check metrics < ", path, " 2>&1");
+  FILE* promtool = popen(check.c_str(), "r");
+  ASSERT_NE(promtool, nullptr);
+  std::string promtool_output;
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), promtool) != nullptr) promtool_output += buffer;
+  EXPECT_EQ(pclose(promtool), 0) << promtool_output;
+  unlink(path.c_str());
+
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace kvstrata::kvstore
