@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/clock.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -38,16 +39,9 @@
 namespace kvstrata::kvstore {
 
 // Time source for lease expiry and event timestamps; tests inject a fake.
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual absl::Time Now() const = 0;
-};
-
-class SystemClock final : public Clock {
- public:
-  absl::Time Now() const override { return absl::Now(); }
-};
+// The clock seam lives in core/clock.h.
+using ::kvstrata::Clock;
+using ::kvstrata::SystemClock;
 
 // Which form of a page some bytes are (kvstrata.v1.PageEncoding without UNSPECIFIED).
 enum class PageForm : uint8_t { kBf16, kInt2, kBf16Recent };
