@@ -18,15 +18,14 @@ ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools)");
 
 namespace kvstrata::cli {
 
+std::string CacheDir() {
+  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') return env;
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home ? home : "", "/.cache/kvstrata");
+}
+
 std::string DefaultModelPath() {
-  std::string cache;
-  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') {
-    cache = env;
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = absl::StrCat(home ? home : "", "/.cache/kvstrata");
-  }
-  return absl::StrCat(cache, "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  return absl::StrCat(CacheDir(), "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {

@@ -19,6 +19,10 @@ namespace kvstrata::cli {
 
 // ${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf, where
 // scripts/fetch-model.sh puts the default model.
+// ${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}: where scripts/fetch-model.sh and fetch-text.sh put
+// the default model and the text sets.
+std::string CacheDir();
+
 std::string DefaultModelPath();
 
 // Engine options from --model (or the default model), --kv-format, --rotations and

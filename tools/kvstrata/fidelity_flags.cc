@@ -18,14 +18,7 @@ namespace kvstrata::cli {
 std::string TextDirFromFlag(const std::string& set) {
   const std::string flag = absl::GetFlag(FLAGS_text_dir);
   if (!flag.empty()) return flag;
-  std::string cache;
-  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') {
-    cache = env;
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = absl::StrCat(home ? home : "", "/.cache/kvstrata");
-  }
-  return absl::StrCat(cache, "/text/", set);
+  return absl::StrCat(CacheDir(), "/text/", set);
 }
 
 absl::StatusOr<std::shared_ptr<const model::LoadedModel>> LoadModelFromFlag() {
