@@ -379,6 +379,9 @@ absl::StatusOr<GenerationStats> Engine::Generate(GenerationRequest request,
       if (e.token >= 0 && !first_token) first_token = Clock::now();
       stats.text += e.text;
       stats.generated_tokens = e.generated_tokens;
+      stats.cached_tokens = e.cached_tokens;
+      stats.recent_window_from_int2_pages = e.recent_window_from_int2_pages;
+      if (!e.published_pages.empty()) stats.published_pages = e.published_pages;
       if (e.finish != FinishReason::kNone) stats.finish = e.finish, done = true;
       if (on_event) on_event(e);
     }

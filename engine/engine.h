@@ -60,7 +60,10 @@ struct GenerationStats {
   int prompt_tokens = 0;
   int generated_tokens = 0;
   FinishReason finish = FinishReason::kNone;
-  std::string text;              // everything streamed, in order
+  std::string text;                           // everything streamed, in order
+  int cached_tokens = 0;                      // prompt tokens imported from request.cached_pages
+  int recent_window_from_int2_pages = 0;      // see GenerationEvent
+  std::vector<ExportedPage> published_pages;  // when request.publish_pages
   double prefill_seconds = 0.0;  // Submit until the first generated token (prefill + 1 sample)
   double decode_seconds = 0.0;   // first generated token until the end
   // The sequence's KV cache after its last forward pass, before the scheduler freed it: tokens

@@ -441,6 +441,204 @@ void KvCache::DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int 
                      num_tokens, kind, rows);
 }
 
+absl::StatusOr<std::vector<ExportedPage>> KvCache::ExportPages(const SequenceKv& seq) const {
+  if (IsEvaluationFormat(options_.format)) {
+    return absl::FailedPreconditionError(absl::StrCat("KV format ",
+                                                      KvCacheFormatName(options_.format),
+                                                      " is for evaluation; its pages cannot "
+                                                      "be exported"));
+  }
+  const int64_t P = options_.layout.page_tokens;
+  const int64_t full =
+      std::min<int64_t>(seq.num_tokens / P, static_cast<int64_t>(seq.page_keys.size()));
+  std::vector<ExportedPage> out;
+  out.reserve(full);
+  for (int64_t p = 0; p < full; ++p) {
+    ExportedPage e;
+    e.page_index = p;
+    e.key = seq.page_keys[p];
+    const uint8_t* slot = nullptr;
+    int64_t bytes = 0;
+    if (p < static_cast<int64_t>(seq.int2_slot.size()) && seq.int2_slot[p] >= 0) {
+      e.encoding = int2_encoding();
+      slot = int2_pool_->slot(seq.int2_slot[p]);
+      bytes = int2_pool_->slot_bytes();
+    } else if (p < static_cast<int64_t>(seq.bf16_slot.size()) && seq.bf16_slot[p] >= 0) {
+      e.encoding = kernels::PageEncoding::kBf16;
+      slot = bf16_pool_->slot(seq.bf16_slot[p]);
+      bytes = bf16_pool_->slot_bytes();
+    } else {
+      return absl::InternalError(absl::StrCat("page ", p, " of a sequence holds no slot"));
+    }
+    e.bytes.assign(reinterpret_cast<const char*>(slot), static_cast<size_t>(bytes));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+namespace {
+
+// Per page of a cached prefix: its INT2 and BF16 copies (null when absent).
+struct PrefixCopies {
+  const std::string* int2 = nullptr;
+  const std::string* bf16 = nullptr;
+};
+
+absl::StatusOr<std::vector<PrefixCopies>> SelectPrefixCopies(const kernels::KvGeometry& g,
+                                                             bool split,
+                                                             kernels::PageEncoding int2_encoding,
+                                                             const PageKey& namespace_key,
+                                                             std::span<const int32_t> prompt,
+                                                             std::span<const std::string> pages) {
+  const int64_t P = g.page_tokens;
+  std::vector<PrefixCopies> copies;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    absl::StatusOr<PageRef> page = ParsePage(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(pages[i].data()), pages[i].size()));
+    if (!page.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cached page ", i, " is not a valid page: ", page.status().message()));
+    }
+    const int64_t index = page->header.page_index;
+    if ((index + 1) * P > static_cast<int64_t>(prompt.size()) - 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cached page ", i, " has page_index ", index, " but a prompt of ", prompt.size(),
+          " tokens can take at most ", (static_cast<int64_t>(prompt.size()) - 1) / P,
+          " cached pages (at least one prompt token is computed)"));
+    }
+    if (static_cast<int64_t>(copies.size()) <= index) copies.resize(index + 1);
+    const bool is_bf16 = page->encoding == kernels::PageEncoding::kBf16;
+    if (!is_bf16 && !split) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cached page ", i, " (page_index ", index, ") is ", PageEncodingName(page->encoding),
+          " but this engine's KV format keeps every page BF16"));
+    }
+    const std::string*& slot = is_bf16 ? copies[index].bf16 : copies[index].int2;
+    if (slot != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("cached page ", i, " repeats page_index ",
+                                                     index, " in ",
+                                                     PageEncodingName(page->encoding)));
+    }
+    slot = &pages[i];
+  }
+  // Keys of the prompt's first pages, then every copy checked against them.
+  PageKey parent = namespace_key;
+  for (int64_t p = 0; p < static_cast<int64_t>(copies.size()); ++p) {
+    if (copies[p].int2 == nullptr && copies[p].bf16 == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cached prefix has no page_index ", p, " (pages must be 0..N-1)"));
+    }
+    std::vector<uint32_t> ids(prompt.begin() + p * P, prompt.begin() + (p + 1) * P);
+    const PageKey key = ChainPageKey(parent, ids);
+    for (const std::string* bytes : {copies[p].int2, copies[p].bf16}) {
+      if (bytes == nullptr) continue;
+      absl::StatusOr<PageRef> page = ParsePage(
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()));
+      const kernels::PageEncoding want =
+          bytes == copies[p].bf16 ? kernels::PageEncoding::kBf16 : int2_encoding;
+      absl::Status match = CheckPageMatches(*page, g, want, key);
+      if (match.ok() && page->parent_key() != parent) {
+        match = absl::FailedPreconditionError(absl::StrCat(
+            "page parent key ", page->parent_key().ToHex(), " but expected ", parent.ToHex()));
+      }
+      if (!match.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cached page_index ", p,
+                         " does not belong to this prompt and engine: ", match.message()));
+      }
+    }
+    parent = key;
+  }
+  return copies;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> KvCache::CheckCachedPrefix(const PageKey& namespace_key,
+                                                   std::span<const int32_t> prompt,
+                                                   std::span<const std::string> pages) const {
+  if (IsEvaluationFormat(options_.format) && !pages.empty()) {
+    return absl::InvalidArgumentError("evaluation KV formats cannot import cached pages");
+  }
+  KV_ASSIGN_OR_RETURN(
+      std::vector<PrefixCopies> copies,
+      SelectPrefixCopies(geometry_, split(), int2_encoding(), namespace_key, prompt, pages));
+  const int64_t n = static_cast<int64_t>(copies.size());
+  const int64_t sink_pages = options_.layout.sink_tokens / options_.layout.page_tokens;
+  for (int64_t p = sink_pages; p < DemotedPagesEnd(n * options_.layout.page_tokens); ++p) {
+    if (copies[p].int2 == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cached page_index ", p, " is INT2 history at ", n,
+                       " cached pages but came only as BF16 (an INT2 copy is needed)"));
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const std::string> pages) {
+  const int64_t P = options_.layout.page_tokens;
+  if (seq.num_tokens != 0) {
+    return absl::FailedPreconditionError("a cached prefix is imported into an empty sequence");
+  }
+  KV_ASSIGN_OR_RETURN(const int64_t n, CheckCachedPrefix(seq.namespace_key, seq.tokens, pages));
+  if (n == 0) return 0;
+  KV_ASSIGN_OR_RETURN(std::vector<PrefixCopies> copies,
+                      SelectPrefixCopies(geometry_, split(), int2_encoding(), seq.namespace_key,
+                                         seq.tokens, pages));
+  seq.bf16_slot.assign(n, -1);
+  seq.int2_slot.assign(n, -1);
+  seq.page_keys.clear();
+  const int64_t sink_pages = options_.layout.sink_tokens / P;
+  const int64_t demoted_end = DemotedPagesEnd(n * P);
+  int64_t dequantised = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const std::string* int2 = copies[p].int2;
+    const std::string* bf16 = copies[p].bf16;
+    seq.page_keys.push_back(ParsePage(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(
+                                                                   (bf16 ? bf16 : int2)->data()),
+                                                               (bf16 ? bf16 : int2)->size()))
+                                ->key());
+    if (split() && p >= sink_pages && p < demoted_end) {
+      if (static_cast<int64_t>(int2->size()) != int2_pool_->slot_bytes()) {
+        return absl::InternalError("INT2 page size differs from the pool's slot size");
+      }
+      std::optional<int32_t> s = int2_pool_->Allocate();
+      if (!s) return absl::ResourceExhaustedError("INT2 page pool exhausted (reservation broken)");
+      seq.int2_slot[p] = *s;
+      std::memcpy(int2_pool_->slot(*s), int2->data(), int2->size());
+      continue;
+    }
+    std::string converted;
+    if (bf16 == nullptr) {
+      // BF16 at this length, but only the INT2 copy exists: dequantise (not exact).
+      absl::StatusOr<PageRef> page = ParsePage(
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(int2->data()), int2->size()));
+      std::vector<float> kv(static_cast<size_t>(kernels::NumBlocks(geometry_)) * P *
+                            geometry_.head_dim);
+      KV_RETURN_IF_ERROR(DecodePage(*page, kv));
+      PageSpec spec;
+      spec.geometry = geometry_;
+      spec.encoding = kernels::PageEncoding::kBf16;
+      spec.page_index = static_cast<uint32_t>(p);
+      spec.key = page->key();
+      spec.parent_key = page->parent_key();
+      KV_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodePage(spec, kv));
+      converted.assign(bytes.begin(), bytes.end());
+      bf16 = &converted;
+      ++dequantised;
+    }
+    if (static_cast<int64_t>(bf16->size()) != bf16_pool_->slot_bytes()) {
+      return absl::InternalError("BF16 page size differs from the pool's slot size");
+    }
+    std::optional<int32_t> s = bf16_pool_->Allocate();
+    if (!s) return absl::ResourceExhaustedError("BF16 page pool exhausted (reservation broken)");
+    seq.bf16_slot[p] = *s;
+    std::memcpy(bf16_pool_->slot(*s), bf16->data(), bf16->size());
+  }
+  seq.num_tokens = n * P;
+  return dequantised;
+}
+
 int64_t KvCache::SequenceBytes(const SequenceKv& seq) const {
   int64_t bytes = 0;
   for (int32_t s : seq.bf16_slot) bytes += s >= 0 ? bf16_pool_->slot_bytes() : 0;

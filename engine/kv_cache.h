@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,16 @@ struct SequenceKv {
   int64_t reserved_int2 = 0;
 };
 
+// One full page of a sequence as the kvstore stores it: the whole page, header included
+// (docs/kv-format.md), ready for core ParsePage. INT2 for demoted (history) pages, BF16 for the
+// sink pages and the pages still in the recent window (the "BF16 recent copies").
+struct ExportedPage {
+  int64_t page_index = 0;
+  PageKey key;
+  kernels::PageEncoding encoding = kernels::PageEncoding::kBf16;
+  std::string bytes;
+};
+
 class KvCache {
  public:
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const kernels::KvGeometry& geometry,
@@ -164,6 +175,28 @@ class KvCache {
   const PagePool* int2_pool() const { return int2_pool_.get(); }
   int64_t free_bf16_slots() const { return bf16_pool_->num_slots() - reserved_bf16_; }
   int64_t free_int2_slots() const;
+
+  // Page export and import (the kvstore's page exchange). A page's bytes depend on its tokens
+  // alone (the exactness principle), so importing the pages another sequence exported equals
+  // computing them.
+  //
+  // The full pages of `seq` [floor(num_tokens / 64)] in order, each with its current copy.
+  // FailedPrecondition for the evaluation formats (their pages can never be published).
+  absl::StatusOr<std::vector<ExportedPage>> ExportPages(const SequenceKv& seq) const;
+  // Checks a cached prefix for a prompt: `pages` (whole page bytes, any order, one or two
+  // copies — INT2 and/or BF16 — per page) must cover pages 0..N-1 with N*64 <= prompt size - 1,
+  // parse (ParsePage), match this cache's geometry and encodings and carry the radix keys of the
+  // prompt under `namespace_key` (CheckPageMatches), with the right page index and parent key.
+  // A page that is INT2 history at N*64 tokens needs an INT2 copy. Returns N (0 for no pages);
+  // InvalidArgument naming the page and the problem otherwise.
+  absl::StatusOr<int64_t> CheckCachedPrefix(const PageKey& namespace_key,
+                                            std::span<const int32_t> prompt,
+                                            std::span<const std::string> pages) const;
+  // Loads a prefix CheckCachedPrefix accepted into a reserved, empty sequence whose tokens and
+  // namespace_key are set: afterwards it holds N*64 tokens exactly as if it had computed them.
+  // A page that must be BF16 at that length but came only as INT2 is dequantised into BF16
+  // (not exact); the count of those is returned.
+  absl::StatusOr<int64_t> ImportPrefix(SequenceKv& seq, std::span<const std::string> pages);
 
   // Bytes of KV data held by a sequence (its slots, headers included).
   int64_t SequenceBytes(const SequenceKv& seq) const;

@@ -16,6 +16,8 @@ struct Scheduler::Sequence {
   std::unique_ptr<StopChecker> stop;
   std::vector<int32_t> generated;
   int64_t prefilled = 0;  // prompt tokens in the cache
+  int cached_tokens = 0;
+  int recent_window_from_int2_pages = 0;
   bool finished = false;
 };
 
@@ -51,6 +53,11 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerationRequest request) {
         ") needs more KV pages than this engine's cache holds; shorten the prompt or lower "
         "max_tokens"));
   }
+  if (!request.cached_pages.empty()) {
+    KV_RETURN_IF_ERROR(
+        cache_->CheckCachedPrefix(request.namespace_key, request.prompt, request.cached_pages)
+            .status());
+  }
   if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
         absl::StrCat("request queue is full (", options_.max_waiting, " waiting)"));
@@ -70,6 +77,17 @@ void Scheduler::Cancel(uint64_t sequence_id, FinishReason reason) {
   cancelled_.emplace(sequence_id, reason);
 }
 
+void Scheduler::Publish(const Sequence& s, GenerationEvent& e) const {
+  if (!s.request.publish_pages) return;
+  absl::StatusOr<std::vector<ExportedPage>> pages = cache_->ExportPages(s.kv);
+  if (!pages.ok()) {
+    std::fprintf(stderr, "kvstrata: request %s: pages not published: %s\n",
+                 s.request.request_id.c_str(), std::string(pages.status().message()).c_str());
+    return;
+  }
+  e.published_pages = *std::move(pages);
+}
+
 void Scheduler::Finish(Sequence& s, FinishReason reason, std::vector<GenerationEvent>* events,
                        std::string text) {
   GenerationEvent e;
@@ -79,6 +97,9 @@ void Scheduler::Finish(Sequence& s, FinishReason reason, std::vector<GenerationE
   e.text = std::move(text);
   e.prompt_tokens = static_cast<int>(s.request.prompt.size());
   e.generated_tokens = static_cast<int>(s.generated.size());
+  e.cached_tokens = s.cached_tokens;
+  e.recent_window_from_int2_pages = s.recent_window_from_int2_pages;
+  if (reason != FinishReason::kError) Publish(s, e);  // after an error the pages are unknown
   events->push_back(std::move(e));
   cache_->Release(s.kv);
   s.finished = true;
@@ -118,6 +139,22 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
       continue;
     }
     s.kv.tokens = s.request.prompt;
+    if (!s.request.cached_pages.empty()) {
+      absl::StatusOr<int64_t> dequantised = cache_->ImportPrefix(s.kv, s.request.cached_pages);
+      if (!dequantised.ok()) {
+        std::fprintf(stderr, "kvstrata: request %s: cached prefix not imported: %s\n",
+                     s.request.request_id.c_str(),
+                     std::string(dequantised.status().message()).c_str());
+        Finish(s, FinishReason::kError, events);
+        waiting_.pop_front();
+        continue;
+      }
+      s.prefilled = s.kv.num_tokens;
+      s.cached_tokens = static_cast<int>(s.kv.num_tokens);
+      s.recent_window_from_int2_pages = static_cast<int>(*dequantised);
+      s.request.cached_pages.clear();
+      s.request.cached_pages.shrink_to_fit();
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -178,6 +215,9 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     e.prompt_tokens = static_cast<int>(s.request.prompt.size());
     e.generated_tokens = static_cast<int>(s.generated.size());
     e.finish = stop.finish;
+    e.cached_tokens = s.cached_tokens;
+    e.recent_window_from_int2_pages = s.recent_window_from_int2_pages;
+    if (stop.finish != FinishReason::kNone) Publish(s, e);
     events->push_back(std::move(e));
     if (stop.finish != FinishReason::kNone) {
       cache_->Release(s.kv);

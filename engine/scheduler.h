@@ -30,6 +30,14 @@ struct GenerationRequest {
   SamplingOptions sampling;
   StopOptions stop;
   PageKey namespace_key;  // radix-hash root for this request's pages (model, format, salt)
+  // A cached prefix (e.g. fetched from the kvstore): whole page bytes for the prompt's first N
+  // full pages, N*64 <= prompt size - 1, an INT2 and/or a BF16 copy per page
+  // (KvCache::CheckCachedPrefix). The sequence starts with these pages and prefills only the
+  // rest. Submit rejects a corrupt page, a wrong key or a wrong shape with InvalidArgument; the
+  // caller counts the miss and may resubmit without cached_pages (a full prefill).
+  std::vector<std::string> cached_pages;
+  // When true, the final event carries the sequence's full pages (published_pages).
+  bool publish_pages = false;
 };
 
 struct GenerationEvent {
@@ -42,6 +50,13 @@ struct GenerationEvent {
   FinishReason finish = FinishReason::kNone;
   int prompt_tokens = 0;
   int generated_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens taken from cached_pages rather than computed
+  // Cached pages that had to be BF16 (sink or recent window) but came only as INT2 and were
+  // dequantised (those tokens' K/V are approximate, not what prefill computes).
+  int recent_window_from_int2_pages = 0;
+  // Final event only, when the request asked (publish_pages) and the sequence did not fail:
+  // its full pages as the kvstore stores them, taken before the pages were freed.
+  std::vector<ExportedPage> published_pages;
 };
 
 struct SchedulerOptions {
@@ -75,6 +90,8 @@ class Scheduler {
 
  private:
   struct Sequence;
+  // Fills e.published_pages when the request asked for them.
+  void Publish(const Sequence& s, GenerationEvent& e) const;
   void Finish(Sequence& s, FinishReason reason, std::vector<GenerationEvent>* events,
               std::string text = "");
 

@@ -305,6 +305,35 @@ TEST_F(EngineTest, GenerateReportsTheKvItHeld) {
   EXPECT_GT(a->decode_tokens_per_second(), 0.0);
 }
 
+TEST_F(EngineTest, GenerateReportsPublishedAndCachedPages) {
+  // 500 prompt tokens + 7 fed back = 507 held: 7 full pages, pages 1 and 2 INT2. Importing 7 of
+  // them (448 tokens; pages 1 and 2 are history there too) is exact, so the output is the same.
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the ";
+  EngineOptions o = Options(KvCacheFormat::kInt2);
+  o.scheduler.prefill_chunk = 64;  // the same chunk boundaries with and without the prefix
+  std::unique_ptr<Engine> e = Load(o);
+  std::vector<int32_t> prompt = e->EncodeText(text);
+  prompt.resize(500, prompt.back());
+  GenerationRequest r = Request(*e, prompt, 8);
+  r.publish_pages = true;
+  absl::StatusOr<GenerationStats> full = e->Generate(std::move(r));
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->cached_tokens, 0);
+  ASSERT_EQ(full->published_pages.size(), 7u);
+  EXPECT_EQ(full->published_pages[1].encoding, e->cache().int2_encoding());
+  EXPECT_EQ(full->published_pages[3].encoding, kernels::PageEncoding::kBf16);
+
+  GenerationRequest cached = Request(*e, prompt, 8);
+  for (const ExportedPage& page : full->published_pages) cached.cached_pages.push_back(page.bytes);
+  absl::StatusOr<GenerationStats> reused = e->Generate(std::move(cached));
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  EXPECT_EQ(reused->cached_tokens, 7 * 64);
+  EXPECT_EQ(reused->recent_window_from_int2_pages, 0);
+  EXPECT_EQ(reused->text, full->text);
+  EXPECT_TRUE(reused->published_pages.empty());  // not asked for
+}
+
 TEST_F(EngineTest, GenerateChecksContextAndIdleness) {
   std::unique_ptr<Engine> e = Load(Options());
   // The tiny model's trained context is 2048 tokens.

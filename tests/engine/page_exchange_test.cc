@@ -1,0 +1,223 @@
+// Page export and import (KvCache::ExportPages / ImportPrefix, GenerationRequest::cached_pages):
+// the exactness principle end to end. Importing the pages another sequence exported and
+// prefilling the rest must give the same greedy tokens and the same pages as prefilling the
+// whole prompt; a corrupt page or a page of another prompt must be rejected.
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/page_format.h"
+#include "engine/cpu_backend.h"
+#include "engine/scheduler.h"
+#include "tests/engine/random_model.h"
+
+namespace kvstrata::engine {
+namespace {
+
+struct RunResult {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+  int cached_tokens = 0;
+  int recent_window_from_int2_pages = 0;
+  std::vector<ExportedPage> pages;
+};
+
+class PageExchangeTest : public ::testing::TestWithParam<KvCacheFormat> {
+ protected:
+  void SetUp() override {
+    model_ = testing::RandomModel({});
+    rot_ = IdentityRotations(model_.config.num_layers, model_.config.num_kv_heads,
+                             model_.config.head_dim);
+    namespace_key_ = *NamespaceKey({.model_fingerprint = model_.fingerprint,
+                                    .kv_format = KvCacheFormatName(GetParam()),
+                                    .rotation_digest = "identity"});
+  }
+  // A fresh cache, backend and scheduler (a fresh engine): nothing carries over between runs.
+  void Make() {
+    KvCacheOptions o;
+    o.format = GetParam();
+    o.capacity_bytes = 64 << 20;
+    o.max_sequences = 2;
+    o.max_chunk_tokens = 64;
+    cache_ =
+        *KvCache::Create({model_.config.num_layers, model_.config.num_kv_heads, 64, 64, 64}, o);
+    backend_ = CreateCpuBackend(model_, rot_, cache_.get());
+    scheduler_ = std::make_unique<Scheduler>(
+        backend_.get(), cache_.get(), [](int32_t t) { return "<" + std::to_string(t) + ">"; },
+        [](int32_t t) { return t == 0; }, SchedulerOptions{.prefill_chunk = 64});
+  }
+  GenerationRequest Request(std::vector<int32_t> prompt, int max_tokens) const {
+    GenerationRequest r;
+    r.request_id = "page-exchange";
+    r.prompt = std::move(prompt);
+    r.stop.max_tokens = max_tokens;
+    r.stop.ignore_eos = true;
+    r.namespace_key = namespace_key_;
+    r.publish_pages = true;
+    return r;
+  }
+  RunResult Run(GenerationRequest r) {
+    Make();
+    RunResult out;
+    absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    for (int guard = 0; !scheduler_->idle() && guard < 10000; ++guard) {
+      std::vector<GenerationEvent> events;
+      EXPECT_TRUE(scheduler_->Step(&events).ok());
+      for (GenerationEvent& e : events) {
+        if (e.token >= 0) out.tokens.push_back(e.token);
+        if (e.finish == FinishReason::kNone) continue;
+        out.finish = e.finish;
+        out.cached_tokens = e.cached_tokens;
+        out.recent_window_from_int2_pages = e.recent_window_from_int2_pages;
+        out.pages = std::move(e.published_pages);
+      }
+    }
+    return out;
+  }
+  std::vector<int32_t> RandomPrompt(int n, uint32_t seed) const {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> p(n);
+    for (auto& t : p) t = 1 + static_cast<int32_t>(rng() % (model_.config.vocab_size - 1));
+    return p;
+  }
+  static std::vector<std::string> Bytes(const std::vector<ExportedPage>& pages, size_t n) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < n && i < pages.size(); ++i) out.push_back(pages[i].bytes);
+    return out;
+  }
+  kernels::KvGeometry Geometry() const {
+    return {model_.config.num_layers, model_.config.num_kv_heads, 64, 64, 64};
+  }
+
+  model::LoadedModel model_;
+  RotationSet rot_;
+  PageKey namespace_key_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+// 8 full prompt pages + 20 tokens: with sink 64 and recent 256, pages 1..3 are INT2 history at
+// 512 tokens and pages 4..7 are still in the recent window (BF16).
+constexpr int kPromptTokens = 8 * 64 + 20;
+constexpr int kCachedPages = 8;
+
+TEST_P(PageExchangeTest, ExportedPagesParseAndCarryTheRadixChain) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 7);
+  const RunResult run = Run(Request(prompt, 12));
+  ASSERT_EQ(run.finish, FinishReason::kLength);
+  const int64_t held = kPromptTokens + 12 - 1;  // the last token's K/V is never computed
+  ASSERT_EQ(run.pages.size(), static_cast<size_t>(held / 64));
+  PageKey parent = namespace_key_;
+  int int2_pages = 0;
+  for (size_t p = 0; p < run.pages.size(); ++p) {
+    const ExportedPage& e = run.pages[p];
+    std::vector<uint32_t> ids(prompt.begin() + p * 64, prompt.begin() + (p + 1) * 64);
+    const PageKey key = ChainPageKey(parent, ids);
+    absl::StatusOr<PageRef> page = ParsePage(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.bytes.data()), e.bytes.size()));
+    ASSERT_TRUE(page.ok()) << "page " << p << ": " << page.status();
+    EXPECT_TRUE(CheckPageMatches(*page, cache_->geometry(), e.encoding, key).ok());
+    EXPECT_EQ(page->parent_key(), parent);
+    EXPECT_EQ(page->header.page_index, p);
+    EXPECT_EQ(e.key, key);
+    const bool history = GetParam() != KvCacheFormat::kBf16 && p >= 1 &&
+                         static_cast<int64_t>(p) < cache_->DemotedPagesEnd(held);
+    EXPECT_EQ(e.encoding, history ? cache_->int2_encoding() : kernels::PageEncoding::kBf16)
+        << "page " << p;
+    int2_pages += e.encoding != kernels::PageEncoding::kBf16;
+    parent = key;
+  }
+  EXPECT_EQ(int2_pages > 0, GetParam() != KvCacheFormat::kBf16);
+}
+
+TEST_P(PageExchangeTest, ImportedPrefixMatchesFullPrefillExactly) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 11);
+  const RunResult scratch = Run(Request(prompt, 16));
+  ASSERT_EQ(scratch.tokens.size(), 16u);
+  EXPECT_EQ(scratch.cached_tokens, 0);
+  // A donor that stopped at exactly the cached length exports each page in the copy a sequence
+  // of that length holds (INT2 history, BF16 sink and recent window).
+  const RunResult donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  ASSERT_EQ(donor.pages.size(), static_cast<size_t>(kCachedPages));
+
+  GenerationRequest r = Request(prompt, 16);
+  r.cached_pages = Bytes(donor.pages, kCachedPages);
+  const RunResult imported = Run(std::move(r));
+  EXPECT_EQ(imported.cached_tokens, kCachedPages * 64);
+  EXPECT_EQ(imported.recent_window_from_int2_pages, 0);
+  EXPECT_EQ(imported.tokens, scratch.tokens);
+  ASSERT_EQ(imported.pages.size(), scratch.pages.size());
+  for (size_t p = 0; p < scratch.pages.size(); ++p) {
+    EXPECT_EQ(imported.pages[p].encoding, scratch.pages[p].encoding) << "page " << p;
+    EXPECT_TRUE(imported.pages[p].bytes == scratch.pages[p].bytes) << "page " << p;
+  }
+}
+
+TEST_P(PageExchangeTest, RecentPagesOnlyInInt2AreDequantisedAndCounted) {
+  if (GetParam() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 13);
+  // A donor that ran on for 300 tokens has demoted pages 4..7 too: only INT2 copies of them.
+  const RunResult donor = Run(Request(prompt, 300));
+  ASSERT_GE(donor.pages.size(), static_cast<size_t>(kCachedPages));
+  GenerationRequest r = Request(prompt, 4);
+  r.cached_pages = Bytes(donor.pages, kCachedPages);
+  const RunResult imported = Run(std::move(r));
+  EXPECT_EQ(imported.cached_tokens, kCachedPages * 64);
+  EXPECT_EQ(imported.recent_window_from_int2_pages,
+            kCachedPages - cache_->DemotedPagesEnd(kCachedPages * 64));
+  EXPECT_GT(imported.recent_window_from_int2_pages, 0);
+  EXPECT_EQ(imported.tokens.size(), 4u);
+}
+
+TEST_P(PageExchangeTest, CorruptOrForeignPagesAreRejectedAtSubmit) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 17);
+  const RunResult donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  ASSERT_EQ(donor.pages.size(), static_cast<size_t>(kCachedPages));
+  Make();
+  auto submit_error = [&](std::vector<std::string> pages, std::vector<int32_t> p) {
+    GenerationRequest r = Request(std::move(p), 4);
+    r.cached_pages = std::move(pages);
+    absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
+    EXPECT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(scheduler_->waiting(), 0);
+    return std::string(id.status().message());
+  };
+  std::vector<std::string> corrupt = Bytes(donor.pages, kCachedPages);
+  corrupt[2][0] ^= 0x5a;  // the magic
+  EXPECT_NE(submit_error(corrupt, prompt).find("cached page 2 is not a valid page"),
+            std::string::npos);
+  std::vector<int32_t> other = prompt;
+  other[100] = other[100] % 200 + 1;  // page 1 onwards now have other keys
+  EXPECT_NE(submit_error(Bytes(donor.pages, kCachedPages), other)
+                .find("page_index 1 does not "
+                      "belong"),
+            std::string::npos);
+  // Too many pages: the last prompt token must be computed.
+  const std::vector<int32_t> exact(prompt.begin(), prompt.begin() + kCachedPages * 64);
+  EXPECT_NE(submit_error(Bytes(donor.pages, kCachedPages), exact).find("at most 7 cached pages"),
+            std::string::npos);
+  // A gap in the chain.
+  std::vector<std::string> gap = Bytes(donor.pages, kCachedPages);
+  gap.erase(gap.begin() + 3);
+  EXPECT_NE(submit_error(gap, prompt).find("no page_index 3"), std::string::npos);
+  // The same pages are accepted for the right prompt.
+  GenerationRequest ok = Request(prompt, 4);
+  ok.cached_pages = Bytes(donor.pages, kCachedPages);
+  EXPECT_TRUE(scheduler_->Submit(std::move(ok)).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, PageExchangeTest,
+                         ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2),
+                         [](const auto& info) {
+                           return std::string(KvCacheFormatName(info.param)) == "bf16" ? "Bf16"
+                                                                                       : "Int2";
+                         });
+
+}  // namespace
+}  // namespace kvstrata::engine
