@@ -1,0 +1,138 @@
+#pragma once
+
+// A client of kvstrata.v1.KvStore for the decode workers: Lookup, Put (streamed, XXH3-checked)
+// and Fetch (checksums verified) with a deadline on every call, and a consistent-hash ring that
+// spreads prefix chains over several stores.
+//
+// The store is a cache: a down, slow or restarted store must cost a miss, never a hang or a
+// failed request. Every call is bounded by its deadline; a store that cannot be reached or does
+// not answer in time comes back as UNAVAILABLE or DEADLINE_EXCEEDED, and IsStoreMiss() tells a
+// caller which errors to treat as "not cached" (then it computes the pages itself).
+//
+// Thread-safety: KvStoreClient is thread-safe (a gRPC channel and stub). HashRing and
+// KvStoreRing are thread-compatible: change the ring from one thread, or guard it.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/radix_hash.h"
+#include "kvstrata/v1/kvstore.grpc.pb.h"
+
+namespace kvstrata::kvstore {
+
+struct KvStoreClientOptions {
+  // Per-call deadlines. Lookup sits on the request path before prefill, so it is short.
+  absl::Duration lookup_deadline = absl::Milliseconds(200);
+  absl::Duration put_deadline = absl::Seconds(5);
+  absl::Duration fetch_deadline = absl::Seconds(2);
+  // Put chunk size in bytes (the server's message limit is 4 MiB).
+  size_t put_chunk_bytes = size_t{1} << 20;
+  // Largest Fetch chunk asked for; 0 = the server's default.
+  uint32_t fetch_max_chunk_bytes = 0;
+};
+
+// One page to publish: whole page bytes (header included, docs/kv-format.md) and where it sits
+// in its chain. Put pages parent-first; page 0's parent is the namespace key.
+struct PutPage {
+  PageKey key;
+  PageKey parent_key;
+  uint32_t page_index = 0;
+  v1::PageEncoding encoding = v1::PAGE_ENCODING_BF16;  // BF16, INT2 or BF16_RECENT
+  std::string bytes;
+};
+
+struct PutSummary {
+  uint32_t pages_stored = 0;
+  uint32_t pages_already_present = 0;
+  uint32_t pages_evicted = 0;
+};
+
+struct LookupReply {
+  uint32_t matched_pages = 0;       // leading keys present
+  std::vector<v1::PageInfo> pages;  // [matched_pages]
+  uint64_t lease_id = 0;            // when a lease was asked for and pages matched
+};
+
+struct FetchedPage {
+  PageKey key;
+  v1::PageEncoding encoding = v1::PAGE_ENCODING_UNSPECIFIED;
+  std::string bytes;  // whole page, checksum verified
+};
+
+// True for the errors a caller treats as a cache miss rather than a failure: the store is down
+// or slow (UNAVAILABLE, DEADLINE_EXCEEDED), a page went away (NOT_FOUND, FAILED_PRECONDITION
+// for an expired lease), or its bytes were corrupt (DATA_LOSS).
+bool IsStoreMiss(const absl::Status& status);
+
+class KvStoreClient {
+ public:
+  // Dials lazily: creating a client never blocks, and an unreachable address shows up as a miss
+  // on the first call.
+  KvStoreClient(std::string address, const KvStoreClientOptions& options = {});
+  ~KvStoreClient();
+
+  const std::string& address() const { return address_; }
+
+  // The longest stored prefix of `keys` (page 0 first). Read-only, safe to retry.
+  // lease_ttl_ms > 0 pins the hits (LookupReply::lease_id).
+  absl::StatusOr<LookupReply> Lookup(std::span<const PageKey> keys, uint32_t lease_ttl_ms = 0);
+  // Publishes pages in one stream, each with its XXH3-64 checksum. Idempotent; retrying the
+  // whole call is safe. Errors name the store and, from the store, the failing key.
+  absl::StatusOr<PutSummary> Put(std::span<const PutPage> pages);
+  // The pages, in order; UNSPECIFIED asks for a page's primary form. Every page's length and
+  // checksum are verified (DATA_LOSS otherwise). NOT_FOUND when a page is absent.
+  absl::StatusOr<std::vector<FetchedPage>> Fetch(
+      std::span<const std::pair<PageKey, v1::PageEncoding>> pages, uint64_t lease_id = 0);
+
+ private:
+  std::string address_;
+  KvStoreClientOptions options_;
+  std::unique_ptr<v1::KvStore::Stub> stub_;
+};
+
+// Consistent hashing of prefix chains onto store nodes. Each node owns `virtual_nodes` points on
+// a 64-bit ring (XXH3-64 of "node#i"); a chain goes to the owner of the first point at or after
+// the first 8 bytes of its FIRST page key, so every page of a chain lives on one store and a
+// Lookup of a prefix asks one node. Adding or removing a node moves only the chains that node
+// gains or owned.
+class HashRing {
+ public:
+  explicit HashRing(int virtual_nodes = 128);
+  // Idempotent: adding a present node or removing an absent one changes nothing.
+  void Add(const std::string& node);
+  void Remove(const std::string& node);
+  // The node for a chain whose first page key is `first_page_key`; "" when the ring is empty.
+  std::string NodeFor(const PageKey& first_page_key) const;
+  size_t size() const { return members_.size(); }
+
+ private:
+  int virtual_nodes_;
+  std::set<std::string> members_;
+  std::map<uint64_t, std::string> points_;
+};
+
+// Several stores behind one ring: a client per address, chosen by a chain's first page key.
+class KvStoreRing {
+ public:
+  explicit KvStoreRing(const KvStoreClientOptions& options = {}, int virtual_nodes = 128);
+  void AddStore(const std::string& address);
+  void RemoveStore(const std::string& address);
+  // The store for a chain; nullptr when there is none (a miss).
+  KvStoreClient* ForChain(const PageKey& first_page_key);
+
+ private:
+  KvStoreClientOptions options_;
+  HashRing ring_;
+  absl::flat_hash_map<std::string, std::unique_ptr<KvStoreClient>> clients_;
+};
+
+}  // namespace kvstrata::kvstore
