@@ -1,0 +1,784 @@
+#include "services/decode/decode_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <future>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/radix_hash.h"
+#include "rpc/status.h"
+
+namespace kvstrata::decode {
+
+// What one Generate handler and the engine thread share. The engine thread fills it; the handler
+// waits on cv.
+struct RequestChannel {
+  std::string request_id;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool submitted = false;
+  absl::Status submit_status;
+  uint64_t sequence_id = 0;
+  bool cache_rejected = false;  // the engine refused the cached pages; resubmitted without
+  std::deque<engine::GenerationEvent> events;
+  std::atomic<bool> abort_requested{false};
+};
+
+class DecodeMetrics {
+ public:
+  explicit DecodeMetrics(MetricsRegistry* r)
+      : requests(r->AddCounter("kvstrata_decode_requests_total",
+                               "Generate requests finished, by finish reason.", {"finish_reason"})),
+        rejected(r->AddCounter("kvstrata_decode_rejected_requests_total",
+                               "Generate requests rejected before running, by gRPC code.",
+                               {"code"})),
+        prompt_tokens(r->AddCounter("kvstrata_decode_prompt_tokens_total",
+                                    "Prompt tokens, by the cache tier that held them (none: "
+                                    "prefilled).",
+                                    {"tier"})),
+        generated_tokens(
+            r->AddCounter("kvstrata_decode_generated_tokens_total", "Tokens generated.")),
+        kvstore_errors(r->AddCounter("kvstrata_decode_kvstore_errors_total",
+                                     "kvstore calls that failed (treated as a miss), by operation.",
+                                     {"op"})),
+        ttft(r->AddHistogram("kvstrata_decode_time_to_first_token_seconds",
+                             "RPC accepted until the first token was sent.",
+                             LatencyBucketsSeconds())),
+        inter_token(r->AddHistogram("kvstrata_decode_inter_token_latency_seconds",
+                                    "Time between consecutive generated tokens of one request.",
+                                    TokenLatencyBucketsSeconds())),
+        e2e(r->AddHistogram("kvstrata_decode_request_duration_seconds",
+                            "RPC accepted until the last message was sent.",
+                            LatencyBucketsSeconds())),
+        running(r->AddGauge("kvstrata_decode_running_sequences", "Sequences decoding now.")),
+        waiting(r->AddGauge("kvstrata_decode_waiting_requests",
+                            "Requests queued for the engine (service queue + scheduler).")) {}
+
+  Family<Counter>& requests;
+  Family<Counter>& rejected;
+  Family<Counter>& prompt_tokens;
+  Family<Counter>& generated_tokens;
+  Family<Counter>& kvstore_errors;
+  Family<Histogram>& ttft;
+  Family<Histogram>& inter_token;
+  Family<Histogram>& e2e;
+  Family<Gauge>& running;
+  Family<Gauge>& waiting;
+};
+
+namespace {
+
+constexpr int kMaxStopStrings = 16;
+constexpr int kMaxRequestIdBytes = 128;
+constexpr int kMaxCacheSaltBytes = 256;
+constexpr uint32_t kLookupLeaseMs = 10000;
+
+v1::FinishReason ToProto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kNone:
+      return v1::FINISH_REASON_UNSPECIFIED;
+    case engine::FinishReason::kEndOfGeneration:
+    case engine::FinishReason::kStopToken:
+      return v1::FINISH_REASON_STOP_TOKEN;
+    case engine::FinishReason::kStopString:
+      return v1::FINISH_REASON_STOP_STRING;
+    case engine::FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kCancelled:
+      return v1::FINISH_REASON_ABORT;
+    case engine::FinishReason::kDeadline:
+      return v1::FINISH_REASON_DEADLINE;
+    case engine::FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_ERROR;
+}
+
+// True when lo <= v <= hi (false for NaN).
+bool InRange(float v, float lo, float hi) { return v >= lo && v <= hi; }
+
+absl::Status RangeError(const char* field, float v, const char* range) {
+  return absl::InvalidArgumentError(absl::StrCat(field, "=", v, " must be in ", range));
+}
+
+// Field checks of the proto contract that need no engine.
+absl::Status ValidateRequest(const v1::GenerateRequest& r, int max_logprobs_top_n) {
+  if (r.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: at most ", kMaxRequestIdBytes, " bytes"));
+  }
+  for (char c : r.request_id()) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("request_id: must be printable ASCII");
+    }
+  }
+  if (r.input_case() == v1::GenerateRequest::INPUT_NOT_SET) {
+    return absl::InvalidArgumentError("input: one of text, token_ids or chat is required");
+  }
+  const v1::SamplingParams& s = r.sampling();
+  if (s.has_temperature() && !InRange(s.temperature(), 0, 100)) {
+    return RangeError("sampling.temperature", s.temperature(), "[0, 100]");
+  }
+  if (!InRange(s.top_p(), 0, 1)) return RangeError("sampling.top_p", s.top_p(), "[0, 1]");
+  if (!InRange(s.min_p(), 0, 1)) return RangeError("sampling.min_p", s.min_p(), "[0, 1]");
+  if (!InRange(s.repetition_penalty(), 0, 10)) {
+    return RangeError("sampling.repetition_penalty", s.repetition_penalty(), "(0, 10]");
+  }
+  if (!InRange(s.frequency_penalty(), -2, 2)) {
+    return RangeError("sampling.frequency_penalty", s.frequency_penalty(), "[-2, 2]");
+  }
+  if (!InRange(s.presence_penalty(), -2, 2)) {
+    return RangeError("sampling.presence_penalty", s.presence_penalty(), "[-2, 2]");
+  }
+  if (s.n() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.n=", s.n(), " exceeds max_n=1 of this server"));
+  }
+  if (r.stop().stop_strings_size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop.stop_strings: at most ", kMaxStopStrings, " strings"));
+  }
+  for (const std::string& s : r.stop().stop_strings()) {
+    if (s.empty()) return absl::InvalidArgumentError("stop.stop_strings: empty string");
+  }
+  if (r.has_logprobs()) {
+    if (r.logprobs().top_n() > static_cast<uint32_t>(max_logprobs_top_n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logprobs.top_n=", r.logprobs().top_n(),
+                       " exceeds max_logprobs_top_n=", max_logprobs_top_n));
+    }
+    if (r.logprobs().prompt_logprobs()) {
+      return absl::InvalidArgumentError("logprobs.prompt_logprobs: not supported by this server");
+    }
+  }
+  if (r.priority() < -100 || r.priority() > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("priority=", r.priority(), " must be in [-100, 100]"));
+  }
+  if (r.cache_salt().size() > kMaxCacheSaltBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_salt: at most ", kMaxCacheSaltBytes, " bytes"));
+  }
+  for (int i = 0; i < r.routing().prefix_page_keys_size(); ++i) {
+    if (r.routing().prefix_page_keys(i).size() != 16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing.prefix_page_keys[", i, "]: must be 16 bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Micros(absl::Duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(d)));
+}
+
+}  // namespace
+
+DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
+                             const DecodeServiceOptions& options, MetricsRegistry* registry)
+    : engine_(std::move(engine)),
+      options_(options),
+      metrics_(std::make_unique<DecodeMetrics>(registry)),
+      page_tokens_(engine_->cache().geometry().page_tokens),
+      max_context_(engine_->config().max_context),
+      vocab_size_(engine_->config().vocab_size),
+      kv_format_(engine_->KvFormatString()),
+      has_chat_template_(engine_->chat_template() != nullptr) {
+  if (!options_.kvstore_addresses.empty()) {
+    ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
+    for (const std::string& a : options_.kvstore_addresses) ring_->AddStore(a);
+  }
+  engine_thread_ = std::thread([this] { EngineLoop(); });
+  publish_thread_ = std::thread([this] { PublishLoop(); });
+}
+
+DecodeService::~DecodeService() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  engine_cv_.notify_all();
+  engine_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(publish_mu_);
+    publish_stopping_ = true;
+  }
+  publish_cv_.notify_all();
+  publish_thread_.join();
+}
+
+void DecodeService::RequestCancel(uint64_t sequence_id, engine::FinishReason reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back({sequence_id, reason});
+  }
+  engine_cv_.notify_all();
+}
+
+void DecodeService::EngineLoop() {
+  engine::Scheduler& scheduler = engine_->scheduler();
+  std::vector<engine::GenerationEvent> events;
+  for (;;) {
+    std::deque<PendingSubmit> submits;
+    std::deque<PendingCancel> cancels;
+    std::deque<std::function<void()>> tasks;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      engine_cv_.wait(lock, [&] {
+        return stopping_ || !tasks_.empty() || !submits_.empty() || !cancels_.empty() ||
+               !scheduler.idle();
+      });
+      tasks.swap(tasks_);
+      stopping = stopping_;
+      if (stopping && scheduler.idle() && submits_.empty() && tasks.empty()) break;
+      submits.swap(submits_);
+      cancels.swap(cancels_);
+      if (stopping) {
+        for (const auto& [id, channel] : running_) {
+          cancels.push_back({id, engine::FinishReason::kCancelled});
+        }
+      }
+    }
+    for (std::function<void()>& task : tasks) task();
+    for (PendingSubmit& s : submits) {
+      absl::StatusOr<uint64_t> id = absl::UnavailableError("the server is shutting down");
+      bool rejected = false;
+      if (!stopping) {
+        engine::GenerationRequest fallback;
+        const bool had_cache = !s.request.cached_pages.empty();
+        if (had_cache) {
+          fallback = s.request;
+          fallback.cached_pages.clear();
+        }
+        id = engine_->Submit(std::move(s.request));
+        if (!id.ok() && had_cache && id.status().code() == absl::StatusCode::kInvalidArgument) {
+          fprintf(stderr,
+                  "kvstrata-decode: request %s: engine rejected the cached pages (%s); "
+                  "prefilling the whole prompt\n",
+                  fallback.request_id.c_str(), std::string(id.status().message()).c_str());
+          metrics_->kvstore_errors.With({"import"}).Increment();
+          rejected = true;
+          id = engine_->Submit(std::move(fallback));
+        }
+      }
+      if (id.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_[*id] = s.channel;
+      }
+      {
+        std::lock_guard<std::mutex> lock(s.channel->mu);
+        s.channel->submitted = true;
+        s.channel->submit_status = id.status();
+        if (id.ok()) s.channel->sequence_id = *id;
+        s.channel->cache_rejected = rejected;
+      }
+      s.channel->cv.notify_all();
+    }
+    for (const PendingCancel& c : cancels) scheduler.Cancel(c.sequence_id, c.reason);
+
+    events.clear();
+    if (!scheduler.idle()) {
+      const absl::Status status = scheduler.Step(&events);
+      if (!status.ok()) {
+        // The step's sequences are in an unknown state: end them all with an error.
+        fprintf(stderr, "kvstrata-decode: engine step failed: %s\n", status.ToString().c_str());
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [id, channel] : running_) {
+          scheduler.Cancel(id, engine::FinishReason::kError);
+        }
+      }
+    }
+    for (engine::GenerationEvent& e : events) {
+      std::shared_ptr<RequestChannel> channel;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = running_.find(e.sequence_id);
+        if (it == running_.end()) continue;
+        channel = it->second;
+        if (e.finish != engine::FinishReason::kNone) running_.erase(it);
+      }
+      {
+        std::lock_guard<std::mutex> lock(channel->mu);
+        channel->events.push_back(std::move(e));
+      }
+      channel->cv.notify_all();
+    }
+    kv_bytes_in_use_.store(engine_->KvBytesInUse());
+    active_sequences_.store(scheduler.running() + scheduler.waiting());
+    scheduler_waiting_.store(scheduler.waiting());
+    metrics_->running.Get().Set(scheduler.running());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      metrics_->waiting.Get().Set(scheduler.waiting() + static_cast<double>(submits_.size()));
+    }
+  }
+}
+
+std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& request_id,
+                                                          const std::vector<PageKey>& keys) {
+  if (ring_ == nullptr || keys.empty()) return {};
+  kvstore::KvStoreClient* client;
+  {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    client = ring_->ForChain(keys[0]);
+  }
+  if (client == nullptr) return {};
+  absl::StatusOr<kvstore::LookupReply> lookup = client->Lookup(keys, kLookupLeaseMs);
+  if (!lookup.ok()) {
+    metrics_->kvstore_errors.With({"lookup"}).Increment();
+    fprintf(stderr, "kvstrata-decode: request %s: kvstore %s lookup failed (a miss): %s\n",
+            request_id.c_str(), client->address().c_str(), lookup.status().ToString().c_str());
+    return {};
+  }
+  if (lookup->matched_pages == 0) return {};
+  std::vector<std::pair<PageKey, v1::PageEncoding>> refs;
+  for (uint32_t i = 0; i < lookup->matched_pages && i < keys.size(); ++i) {
+    refs.push_back({keys[i], v1::PAGE_ENCODING_UNSPECIFIED});
+  }
+  absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lookup->lease_id);
+  if (!fetched.ok()) {
+    metrics_->kvstore_errors.With({"fetch"}).Increment();
+    fprintf(stderr,
+            "kvstrata-decode: request %s: kvstore %s fetch of %zu pages failed (a miss): %s\n",
+            request_id.c_str(), client->address().c_str(), refs.size(),
+            fetched.status().ToString().c_str());
+    return {};
+  }
+  std::vector<std::string> pages;
+  pages.reserve(fetched->size());
+  for (kvstore::FetchedPage& p : *fetched) pages.push_back(std::move(p.bytes));
+  return pages;
+}
+
+void DecodeService::PublishLoop() {
+  for (;;) {
+    PublishJob job;
+    {
+      std::unique_lock<std::mutex> lock(publish_mu_);
+      publish_cv_.wait(lock, [&] { return publish_stopping_ || !publishes_.empty(); });
+      if (publishes_.empty()) return;  // stopping, and nothing left to send
+      job = std::move(publishes_.front());
+      publishes_.pop_front();
+      ++publishes_in_progress_;
+    }
+    Publish(job);
+    {
+      std::lock_guard<std::mutex> lock(publish_mu_);
+      --publishes_in_progress_;
+    }
+    publish_cv_.notify_all();
+  }
+}
+
+void DecodeService::Publish(const PublishJob& job) {
+  if (job.pages.empty()) return;
+  // Keys by page index, for the parent links (a page may come in two forms).
+  std::vector<PageKey> keys;
+  for (const engine::ExportedPage& e : job.pages) {
+    if (e.page_index >= static_cast<int64_t>(keys.size())) keys.resize(e.page_index + 1);
+    keys[e.page_index] = e.key;
+  }
+  // A key exported in both forms is INT2 history plus its exact BF16 copy: the store keeps the
+  // BF16 one as BF16_RECENT beside the INT2 primary, which must be put first.
+  std::vector<int> forms(keys.size(), 0);
+  for (const engine::ExportedPage& e : job.pages) ++forms[e.page_index];
+  std::vector<kvstore::PutPage> put;
+  put.reserve(job.pages.size());
+  for (const engine::ExportedPage& e : job.pages) {
+    const bool bf16 = e.encoding == kernels::PageEncoding::kBf16;
+    v1::PageEncoding encoding = v1::PAGE_ENCODING_INT2;
+    if (bf16) {
+      encoding = forms[e.page_index] > 1 ? v1::PAGE_ENCODING_BF16_RECENT : v1::PAGE_ENCODING_BF16;
+    }
+    put.push_back({.key = e.key,
+                   .parent_key = e.page_index == 0 ? job.namespace_key : keys[e.page_index - 1],
+                   .page_index = static_cast<uint32_t>(e.page_index),
+                   .encoding = encoding,
+                   .bytes = e.bytes});
+  }
+  std::stable_sort(
+      put.begin(), put.end(), [](const kvstore::PutPage& a, const kvstore::PutPage& b) {
+        if (a.page_index != b.page_index) return a.page_index < b.page_index;
+        return a.encoding == v1::PAGE_ENCODING_INT2 && b.encoding == v1::PAGE_ENCODING_BF16_RECENT;
+      });
+  kvstore::KvStoreClient* client;
+  {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    client = ring_->ForChain(keys[0]);
+  }
+  if (client == nullptr) return;
+  absl::StatusOr<kvstore::PutSummary> summary = client->Put(put);
+  if (!summary.ok()) {
+    metrics_->kvstore_errors.With({"put"}).Increment();
+    fprintf(stderr, "kvstrata-decode: request %s: publishing %zu pages to kvstore %s failed: %s\n",
+            job.request_id.c_str(), put.size(), client->address().c_str(),
+            summary.status().ToString().c_str());
+  }
+}
+
+void DecodeService::WaitForPublishes() {
+  std::unique_lock<std::mutex> lock(publish_mu_);
+  publish_cv_.wait(lock, [&] { return publishes_.empty() && publishes_in_progress_ == 0; });
+}
+
+grpc::Status DecodeService::Generate(grpc::ServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const absl::Time start = absl::Now();
+  auto reject = [&](const absl::Status& status) {
+    metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
+    return rpc::ToGrpcStatus(status);
+  };
+  if (absl::Status s = ValidateRequest(*request, options_.max_logprobs_top_n); !s.ok()) {
+    return reject(s);
+  }
+  if (!request->model().empty() && request->model() != options_.model_name) {
+    return reject(absl::NotFoundError(absl::StrCat("model: '", request->model(),
+                                                   "' is not served here (serving '",
+                                                   options_.model_name, "')")));
+  }
+
+  // Tokenise. The tokenizer and chat template are immutable (safe beside the engine thread).
+  std::vector<int32_t> prompt;
+  switch (request->input_case()) {
+    case v1::GenerateRequest::kText:
+      if (!request->text().empty()) prompt = engine_->EncodeText(request->text());
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      for (int i = 0; i < request->token_ids().ids_size(); ++i) {
+        const uint32_t id = request->token_ids().ids(i);
+        if (id >= static_cast<uint32_t>(vocab_size_)) {
+          return reject(absl::InvalidArgumentError(absl::StrCat(
+              "token_ids.ids[", i, "]=", id, " is outside the vocabulary [0, ", vocab_size_, ")")));
+        }
+        prompt.push_back(static_cast<int32_t>(id));
+      }
+      break;
+    case v1::GenerateRequest::kChat: {
+      const v1::ChatInput& chat = request->chat();
+      if (chat.messages_size() == 0) {
+        return reject(absl::InvalidArgumentError("chat.messages: empty conversation"));
+      }
+      if (chat.apply_chat_template()) {
+        if (!has_chat_template_) {
+          return reject(absl::FailedPreconditionError(
+              "chat.apply_chat_template: the model has no chat template"));
+        }
+        std::vector<tokenizer::ChatMessage> messages;
+        for (const v1::ChatMessage& m : chat.messages()) {
+          messages.push_back({m.role(), m.content()});
+        }
+        absl::StatusOr<std::vector<int32_t>> ids =
+            engine_->EncodeChat(messages, chat.add_generation_prompt());
+        if (!ids.ok()) {
+          return reject(absl::Status(ids.status().code(),
+                                     absl::StrCat("chat.messages: ", ids.status().message())));
+        }
+        prompt = *std::move(ids);
+      } else {
+        std::string text;
+        for (const v1::ChatMessage& m : chat.messages()) text += m.content();
+        if (!text.empty()) prompt = engine_->EncodeText(text);
+      }
+      break;
+    }
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      break;
+  }
+  if (prompt.empty()) return reject(absl::InvalidArgumentError("input: the prompt is empty"));
+
+  const int prompt_size = static_cast<int>(prompt.size());
+  int max_tokens = static_cast<int>(request->stop().max_tokens());
+  if (max_tokens == 0) max_tokens = max_context_ - prompt_size;
+  if (max_tokens < 1 || prompt_size + max_tokens > max_context_) {
+    return reject(absl::OutOfRangeError(absl::StrCat("prompt tokens ", prompt_size,
+                                                     " + stop.max_tokens ", max_tokens,
+                                                     " exceed max_context_tokens=", max_context_)));
+  }
+
+  engine::GenerationRequest g;
+  g.prompt = prompt;
+  const v1::SamplingParams& sp = request->sampling();
+  g.sampling.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
+  g.sampling.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
+  g.sampling.top_k = static_cast<int>(sp.top_k());
+  g.sampling.min_p = sp.min_p();
+  g.sampling.repetition_penalty = sp.repetition_penalty() == 0 ? 1.0f : sp.repetition_penalty();
+  g.sampling.frequency_penalty = sp.frequency_penalty();
+  g.sampling.presence_penalty = sp.presence_penalty();
+  if (sp.has_seed()) g.sampling.seed = sp.seed();
+  if (request->has_logprobs()) {
+    g.sampling.top_logprobs = static_cast<int>(request->logprobs().top_n());
+  }
+  g.stop.max_tokens = max_tokens;
+  g.stop.min_tokens = static_cast<int>(request->stop().min_tokens());
+  g.stop.ignore_eos = request->stop().ignore_eos();
+  g.stop.include_stop_string = request->stop().include_stop_str_in_output();
+  for (const std::string& s : request->stop().stop_strings()) g.stop.stop_strings.push_back(s);
+  for (int i = 0; i < request->stop().stop_token_ids_size(); ++i) {
+    const uint32_t id = request->stop().stop_token_ids(i);
+    if (id >= static_cast<uint32_t>(vocab_size_)) {
+      return reject(absl::InvalidArgumentError(
+          absl::StrCat("stop.stop_token_ids[", i, "]=", id, " is outside the vocabulary")));
+    }
+    g.stop.stop_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  if (absl::Status s = engine::ValidateSamplingOptions(g.sampling); !s.ok()) {
+    return reject(absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message())));
+  }
+  if (absl::Status s = engine::ValidateStopOptions(g.stop, vocab_size_); !s.ok()) {
+    return reject(absl::InvalidArgumentError(absl::StrCat("stop: ", s.message())));
+  }
+  g.publish_pages = ring_ != nullptr;
+
+  // Register the request id (ALREADY_EXISTS for a duplicate in flight).
+  auto channel = std::make_shared<RequestChannel>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel->request_id = request->request_id().empty()
+                              ? absl::StrCat(options_.worker_id, "-", next_request_number_++)
+                              : request->request_id();
+    if (!in_flight_.emplace(channel->request_id, channel).second) {
+      return reject(absl::AlreadyExistsError(
+          absl::StrCat("request_id: '", channel->request_id, "' is in flight")));
+    }
+  }
+  struct Unregister {
+    DecodeService* service;
+    std::string id;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(service->mu_);
+      service->in_flight_.erase(id);
+    }
+  } unregister{this, channel->request_id};
+  g.request_id = channel->request_id;
+  const std::string& request_id = channel->request_id;
+
+  // The namespace key, made on the engine thread (PageNamespace is not safe beside Step).
+  {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<PageKey>>>();
+    std::future<absl::StatusOr<PageKey>> future = promise->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return reject(absl::UnavailableError("the server is shutting down"));
+      tasks_.push_back([this, promise, salt = request->cache_salt()] {
+        promise->set_value(engine_->PageNamespace(salt));
+      });
+    }
+    engine_cv_.notify_all();
+    absl::StatusOr<PageKey> ns = future.get();
+    if (!ns.ok()) return reject(ns.status());
+    g.namespace_key = *ns;
+  }
+  const PageKey namespace_key = g.namespace_key;
+
+  // The prompt's cacheable pages: at most (prompt - 1) / P full pages (one token is left to
+  // prefill so the first token has logits).
+  const int cacheable_pages = (prompt_size - 1) / page_tokens_;
+  std::vector<PageKey> keys;
+  if (request->routing().prefix_page_keys_size() > 0) {
+    for (int i = 0; i < request->routing().prefix_page_keys_size() && i < cacheable_pages; ++i) {
+      PageKey k;
+      std::copy_n(request->routing().prefix_page_keys(i).data(), 16, k.bytes.data());
+      keys.push_back(k);
+    }
+  } else {
+    PageKey parent = g.namespace_key;
+    std::vector<uint32_t> page(page_tokens_);
+    for (int p = 0; p < cacheable_pages; ++p) {
+      for (int t = 0; t < page_tokens_; ++t) {
+        page[t] = static_cast<uint32_t>(prompt[p * page_tokens_ + t]);
+      }
+      parent = ChainPageKey(parent, page);
+      keys.push_back(parent);
+    }
+  }
+  const absl::Time fetch_start = absl::Now();
+  g.cached_pages = FetchCachedPrefix(request_id, keys);
+  const int fetched_tokens = static_cast<int>(g.cached_pages.size()) * page_tokens_;
+  const absl::Duration fetch_time = absl::Now() - fetch_start;
+
+  // Queue for the engine.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int>(submits_.size()) + scheduler_waiting_.load() >=
+        options_.max_queued_requests) {
+      return reject(absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full (max_queued_requests=", options_.max_queued_requests, ")")));
+    }
+    if (stopping_) return reject(absl::UnavailableError("the server is shutting down"));
+    submits_.push_back({std::move(g), channel});
+  }
+  engine_cv_.notify_all();
+  {
+    std::unique_lock<std::mutex> lock(channel->mu);
+    channel->cv.wait(lock, [&] { return channel->submitted; });
+    if (!channel->submit_status.ok()) return reject(channel->submit_status);
+  }
+  const absl::Time submitted = absl::Now();
+  const uint64_t sequence_id = channel->sequence_id;
+
+  // Stream.
+  const uint32_t interval = std::max<uint32_t>(1, request->stream_interval());
+  v1::GenerateResponse pending;
+  pending.set_request_id(request_id);
+  pending.set_worker_id(options_.worker_id);
+  int pending_tokens = 0;
+  bool client_gone = false;
+  bool cancel_sent = false;
+  absl::Time first_token_time = absl::InfiniteFuture();
+  absl::Time last_token_time = absl::InfinitePast();
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  auto write = [&](v1::GenerateResponse& m) {
+    if (!client_gone && !writer->Write(m)) client_gone = true;
+    m.Clear();
+    m.set_request_id(request_id);
+    pending_tokens = 0;
+  };
+  for (;;) {
+    std::deque<engine::GenerationEvent> events;
+    {
+      std::unique_lock<std::mutex> lock(channel->mu);
+      channel->cv.wait_for(lock, std::chrono::milliseconds(20),
+                           [&] { return !channel->events.empty(); });
+      events.swap(channel->events);
+    }
+    for (engine::GenerationEvent& e : events) {
+      if (e.token >= 0) {
+        const absl::Time now = absl::Now();
+        if (first_token_time == absl::InfiniteFuture()) {
+          first_token_time = now;
+          metrics_->ttft.Get().Observe(absl::ToDoubleSeconds(now - start));
+        } else {
+          metrics_->inter_token.Get().Observe(absl::ToDoubleSeconds(now - last_token_time));
+        }
+        last_token_time = now;
+        pending.add_token_ids(static_cast<uint32_t>(e.token));
+        if (request->has_logprobs()) {
+          v1::TokenLogprob* lp = pending.add_logprobs();
+          lp->set_token_id(static_cast<uint32_t>(e.token));
+          lp->set_logprob(e.logprob);
+          for (const auto& [id, logprob] : e.top_logprobs) {
+            v1::TopLogprob* t = lp->add_top();
+            t->set_token_id(static_cast<uint32_t>(id));
+            t->set_logprob(logprob);
+          }
+        }
+        ++pending_tokens;
+      }
+      pending.mutable_text()->append(e.text);
+      if (e.finish == engine::FinishReason::kNone) {
+        if (pending_tokens >= static_cast<int>(interval)) write(pending);
+        continue;
+      }
+      // The last message: finish reason, usage, timings.
+      const absl::Time end = absl::Now();
+      pending.set_finish_reason(ToProto(e.finish));
+      if (e.finish == engine::FinishReason::kError) {
+        pending.mutable_error()->set_code(grpc::StatusCode::INTERNAL);
+        pending.mutable_error()->set_message("the engine failed while generating");
+      }
+      pending.set_worker_id(options_.worker_id);
+      v1::Usage* usage = pending.mutable_usage();
+      const int cached = e.cached_tokens;
+      const int recomputed = std::max(0, fetched_tokens - cached);
+      usage->set_prompt_tokens(e.prompt_tokens);
+      usage->set_completion_tokens(e.generated_tokens);
+      usage->set_cached_local_tokens(0);
+      usage->set_cached_kvstore_tokens(cached);
+      usage->set_recomputed_tokens(recomputed);
+      usage->set_uncached_tokens(std::max(0, e.prompt_tokens - cached - recomputed));
+      usage->set_inexact_recent_window_tokens(e.recent_window_from_int2_pages * page_tokens_);
+      usage->set_predicted_cached_tokens(request->routing().predicted_local_cached_tokens() +
+                                         request->routing().predicted_kvstore_cached_tokens());
+      v1::Timings* t = pending.mutable_timings();
+      t->set_queue_us(Micros(submitted - start - fetch_time));
+      t->set_kvstore_fetch_us(Micros(fetch_time));
+      if (first_token_time != absl::InfiniteFuture()) {
+        t->set_prefill_us(Micros(first_token_time - submitted));
+        t->set_time_to_first_token_us(Micros(first_token_time - start));
+        t->set_decode_us(Micros(last_token_time - first_token_time));
+      }
+      t->set_total_us(Micros(end - start));
+      write(pending);
+
+      metrics_->requests.With({v1::FinishReason_Name(ToProto(e.finish))}).Increment();
+      metrics_->prompt_tokens.With({"kvstore"}).Increment(cached);
+      metrics_->prompt_tokens.With({"none"}).Increment(e.prompt_tokens - cached);
+      metrics_->generated_tokens.Get().Increment(e.generated_tokens);
+      metrics_->e2e.Get().Observe(absl::ToDoubleSeconds(end - start));
+      if (!e.published_pages.empty() && ring_ != nullptr) {
+        {
+          std::lock_guard<std::mutex> lock(publish_mu_);
+          publishes_.push_back({request_id, namespace_key, std::move(e.published_pages)});
+        }
+        publish_cv_.notify_all();
+      }
+      if (client_gone || context->IsCancelled()) return grpc::Status::CANCELLED;
+      if (e.finish == engine::FinishReason::kError) {
+        return grpc::Status(grpc::StatusCode::INTERNAL, "the engine failed while generating");
+      }
+      return grpc::Status::OK;
+    }
+    if (cancel_sent) continue;
+    if (absl::Now() >= deadline - absl::Milliseconds(20)) {
+      RequestCancel(sequence_id, engine::FinishReason::kDeadline);
+      cancel_sent = true;
+    } else if (client_gone || context->IsCancelled()) {
+      fprintf(stderr, "kvstrata-decode: request %s (sequence %llu): client went away, cancelling\n",
+              request_id.c_str(), static_cast<unsigned long long>(sequence_id));
+      client_gone = true;
+      RequestCancel(sequence_id, engine::FinishReason::kCancelled);
+      cancel_sent = true;
+    } else if (channel->abort_requested.load()) {
+      RequestCancel(sequence_id, engine::FinishReason::kCancelled);
+      cancel_sent = true;
+    }
+  }
+}
+
+grpc::Status DecodeService::Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) {
+  if (request->request_id().empty()) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = in_flight_.find(request->request_id());
+  if (it == in_flight_.end()) {
+    response->set_found(false);
+    return grpc::Status::OK;
+  }
+  fprintf(stderr, "kvstrata-decode: request %s: abort (%s)\n", request->request_id().c_str(),
+          request->reason().c_str());
+  response->set_found(!it->second->abort_requested.exchange(true));
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeService::GetServerInfo(grpc::ServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) {
+  response->set_role("worker");
+  response->set_server_version("0.1.0");
+  response->set_api_version("kvstrata.v1");
+  response->set_model(options_.model_name);
+  response->set_vocab_size(static_cast<uint32_t>(vocab_size_));
+  response->set_has_chat_template(has_chat_template_);
+  response->mutable_kv_format()->set_name(kv_format_);
+  response->mutable_kv_format()->set_page_size_tokens(static_cast<uint32_t>(page_tokens_));
+  response->set_max_context_tokens(static_cast<uint32_t>(max_context_));
+  response->set_max_n(1);
+  response->set_max_stop_strings(kMaxStopStrings);
+  response->set_max_logprobs_top_n(static_cast<uint32_t>(options_.max_logprobs_top_n));
+  response->set_max_queued_requests(static_cast<uint32_t>(options_.max_queued_requests));
+  return grpc::Status::OK;
+}
+
+}  // namespace kvstrata::decode

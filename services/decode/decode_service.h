@@ -1,0 +1,140 @@
+#pragma once
+
+// kvstrata.v1.Generation (proto/kvstrata/v1/generate.proto) on one Engine, with the sync gRPC
+// API. One engine thread owns the Engine and runs Scheduler::Step in a loop; RPC handler threads
+// never touch it: they hand requests and cancellations to the engine thread through a queue and
+// receive their events through a per-request channel (mutex + condition variable).
+//
+// Per Generate: validate (INVALID_ARGUMENT naming the field), tokenise, compute the prompt's page
+// keys in the request's namespace, ask the kvstore (if any) for the longest cached prefix and
+// fetch it within the client's deadlines (any store error is a miss, never a failed request),
+// submit with those pages (resubmitting without them if the engine rejects them), stream tokens,
+// and end with finish reason, Usage and Timings. The finished sequence's pages are published to
+// the kvstore from a background thread so the stream is not delayed.
+//
+// Thread-safety: gRPC calls the handlers concurrently; everything shared is behind mu_ or in
+// the engine thread. Limits: n = 1, no prompt logprobs, no local-page tier (cached tokens come
+// only from the kvstore).
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "core/metrics.h"
+#include "engine/engine.h"
+#include "kvstrata/v1/generate.grpc.pb.h"
+#include "services/kvstore/client.h"
+
+namespace kvstrata::decode {
+
+struct DecodeServiceOptions {
+  // Reported as worker_id; also the model's name when model_name is empty ("" = "kvstrata").
+  std::string worker_id = "decode-0";
+  // The model name GenerateRequest.model must match (empty in a request: this model).
+  std::string model_name = "default";
+  // kvstore addresses behind a consistent-hash ring; empty = no kvstore (every prefix a miss).
+  std::vector<std::string> kvstore_addresses;
+  kvstore::KvStoreClientOptions kvstore_client;
+  // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
+  // answers RESOURCE_EXHAUSTED.
+  int max_queued_requests = 64;
+  // Largest LogprobOptions.top_n accepted.
+  int max_logprobs_top_n = 20;
+};
+
+class DecodeMetrics;
+struct RequestChannel;
+
+class DecodeService final : public v1::Generation::Service {
+ public:
+  // Takes the engine; `registry` is borrowed and must outlive the service. Starts the engine and
+  // publisher threads.
+  DecodeService(std::unique_ptr<engine::Engine> engine, const DecodeServiceOptions& options,
+                MetricsRegistry* registry);
+  // Cancels what is running, then stops the threads (pending publishes are finished first).
+  ~DecodeService() override;
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                     v1::AbortResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+
+  // Bytes of KV page slots in use, as of the engine thread's last step (thread-safe snapshot).
+  int64_t KvBytesInUse() const { return kv_bytes_in_use_.load(); }
+  // Sequences running or waiting in the scheduler, as of the last step.
+  int ActiveSequences() const { return active_sequences_.load(); }
+  // Blocks until every publish queued so far has been sent (or failed). For tests and shutdown.
+  void WaitForPublishes();
+
+ private:
+  struct PendingSubmit {
+    engine::GenerationRequest request;
+    std::shared_ptr<RequestChannel> channel;
+  };
+  struct PendingCancel {
+    uint64_t sequence_id;
+    engine::FinishReason reason;
+  };
+  struct PublishJob {
+    std::string request_id;
+    PageKey namespace_key;
+    std::vector<engine::ExportedPage> pages;
+  };
+
+  void EngineLoop();
+  void PublishLoop();
+  // The longest prefix of `keys` the kvstore holds, fetched; empty on a miss or store error.
+  std::vector<std::string> FetchCachedPrefix(const std::string& request_id,
+                                             const std::vector<PageKey>& keys);
+  void Publish(const PublishJob& job);
+  void RequestCancel(uint64_t sequence_id, engine::FinishReason reason);
+
+  std::unique_ptr<engine::Engine> engine_;  // touched only by the engine thread after start
+  const DecodeServiceOptions options_;
+  std::unique_ptr<DecodeMetrics> metrics_;
+  // Read-only copies of engine facts, so handlers need not touch the engine.
+  const int page_tokens_;
+  const int max_context_;
+  const int vocab_size_;
+  const std::string kv_format_;
+  const bool has_chat_template_;
+
+  std::mutex ring_mu_;
+  std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore
+
+  std::mutex mu_;
+  std::condition_variable engine_cv_;
+  std::deque<std::function<void()>> tasks_;  // run on the engine thread (PageNamespace)
+  std::deque<PendingSubmit> submits_;
+  std::deque<PendingCancel> cancels_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<RequestChannel>> running_;       // by sequence id
+  absl::flat_hash_map<std::string, std::shared_ptr<RequestChannel>> in_flight_;  // by request id
+  uint64_t next_request_number_ = 1;
+  bool stopping_ = false;
+
+  std::mutex publish_mu_;
+  std::condition_variable publish_cv_;
+  std::deque<PublishJob> publishes_;
+  int publishes_in_progress_ = 0;
+  bool publish_stopping_ = false;
+
+  std::atomic<int64_t> kv_bytes_in_use_{0};
+  std::atomic<int> active_sequences_{0};
+  std::atomic<int> scheduler_waiting_{0};
+
+  std::thread engine_thread_;
+  std::thread publish_thread_;
+};
+
+}  // namespace kvstrata::decode

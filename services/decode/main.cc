@@ -1,0 +1,216 @@
+// kvstrata-decode: serves kvstrata.v1.Generation on one engine, with a kvstore prefix cache and
+// Prometheus metrics on /metrics. `kvstrata-decode --help` lists the flags; docs/decode.md
+// explains them.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "core/metrics.h"
+#include "core/shutdown.h"
+#include "engine/engine.h"
+#include "rpc/server.h"
+#include "services/decode/decode_service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50071",
+          "gRPC address to serve Generation on (port 0: any).");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9471",
+          "HTTP address for Prometheus /metrics (port 0: any; empty: no metrics endpoint).");
+ABSL_FLAG(std::string, model, "",
+          "The model: a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct in "
+          "$KVSTRATA_CACHE or ~/.cache/kvstrata, from scripts/fetch-model.sh).");
+ABSL_FLAG(std::string, kv_format, "int2", "KV cache format: bf16, int2 or int2-lloyd-max.");
+ABSL_FLAG(std::string, rotations, "",
+          "Rotation file fitted by kvstrata calibrate; default for INT2 formats: the file in "
+          "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
+          "'identity' for none.");
+ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
+ABSL_FLAG(std::string, kvstore, "",
+          "Comma-separated kvstore addresses (HOST:PORT); empty: no kvstore.");
+ABSL_FLAG(std::string, worker_id, "decode-0", "Identity reported as worker_id.");
+ABSL_FLAG(int, max_queued_requests, 64, "Queued requests before RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
+          "On SIGINT/SIGTERM, how long in-flight RPCs may finish before being cancelled.");
+
+namespace kvstrata::decode {
+namespace {
+
+struct DecodeConfig {
+  std::string listen;
+  std::string metrics_listen;
+  engine::EngineOptions engine;
+  DecodeServiceOptions service;
+  absl::Duration shutdown_grace;
+};
+
+std::string DefaultModelPath() {
+  std::string cache;
+  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') {
+    cache = env;
+  } else {
+    const char* home = std::getenv("HOME");
+    cache = absl::StrCat(home ? home : "", "/.cache/kvstrata");
+  }
+  return absl::StrCat(cache, "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+// Folds the flags into a config; errors name the flag. Flag values first, the file system last.
+absl::StatusOr<DecodeConfig> ConfigFromFlags() {
+  DecodeConfig config;
+  config.listen = absl::GetFlag(FLAGS_listen);
+  if (config.listen.empty()) return absl::InvalidArgumentError("--listen: must not be empty");
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  absl::StatusOr<engine::KvCacheFormat> format =
+      engine::ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_format));
+  if (!format.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_format: ", format.status().message()));
+  }
+  config.engine.kv_cache.format = *format;
+  const int mb = absl::GetFlag(FLAGS_kv_cache_mb);
+  if (mb < 1 || mb > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_cache_mb=", mb, ": must be in [1, 1048576]"));
+  }
+  config.engine.kv_cache.capacity_bytes = int64_t{mb} << 20;
+  for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
+    if (!absl::StrContains(a, ':')) {
+      return absl::InvalidArgumentError(absl::StrCat("--kvstore: '", a, "' is not HOST:PORT"));
+    }
+    config.service.kvstore_addresses.emplace_back(a);
+  }
+  config.service.worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (config.service.worker_id.empty()) {
+    return absl::InvalidArgumentError("--worker_id: must not be empty");
+  }
+  config.service.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  if (config.service.max_queued_requests < 1) {
+    return absl::InvalidArgumentError("--max_queued_requests: must be >= 1");
+  }
+  config.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+
+  std::error_code ec;
+  config.engine.rotations_path = absl::GetFlag(FLAGS_rotations);
+  if (config.engine.rotations_path == "identity") {
+    config.engine.rotations_path.clear();
+  } else if (config.engine.rotations_path.empty()) {
+    const char* env = std::getenv("KVSTRATA_ROTATIONS");
+    config.engine.default_rotations_dir = env && *env ? env : KVSTRATA_SOURCE_DIR "/rotations";
+  } else if (!std::filesystem::exists(config.engine.rotations_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rotations=", config.engine.rotations_path, ": no such file"));
+  }
+  config.engine.model_path = absl::GetFlag(FLAGS_model);
+  if (config.engine.model_path.empty()) {
+    config.engine.model_path = DefaultModelPath();
+    if (!std::filesystem::exists(config.engine.model_path, ec)) {
+      return absl::NotFoundError(absl::StrCat("--model: not given and the default model is not at ",
+                                              config.engine.model_path,
+                                              "; run scripts/fetch-model.sh to fetch it"));
+    }
+  } else if (!std::filesystem::exists(config.engine.model_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model=", config.engine.model_path, ": no such file or folder"));
+  }
+  return config;
+}
+
+int Run(DecodeConfig config) {
+  if (absl::Status s = InstallShutdownHandler(); !s.ok()) {
+    fprintf(stderr, "kvstrata-decode: %s\n", s.ToString().c_str());
+    return 1;
+  }
+
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Engine::Load(config.engine);
+  if (!engine.ok()) {
+    fprintf(stderr, "kvstrata-decode: --model=%s: %s\n", config.engine.model_path.c_str(),
+            engine.status().ToString().c_str());
+    return 1;
+  }
+  config.service.model_name =
+      (*engine)->config().name.empty() ? "default" : (*engine)->config().name;
+  const std::string kv_format = (*engine)->KvFormatString();
+  MetricsRegistry registry;
+  DecodeService service(*std::move(engine), config.service, &registry);
+
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics_listen.empty()) {
+    std::string error;
+    metrics = MetricsServer::Start(&registry, config.metrics_listen, &error);
+    if (metrics == nullptr) {
+      fprintf(stderr, "kvstrata-decode: --metrics_listen=%s: %s\n", config.metrics_listen.c_str(),
+              error.c_str());
+      return 1;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<rpc::Server>> server =
+      rpc::Server::Start({.listen_address = config.listen, .services = {&service}});
+  if (!server.ok()) {
+    fprintf(stderr, "kvstrata-decode: --listen: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  (*server)->SetServingStatus("kvstrata.v1.Generation", true);
+  fprintf(stderr,
+          "kvstrata-decode: serving kvstrata.v1.Generation on %s (model %s, kv format %s, "
+          "%zu kvstore(s)); metrics on %s\n",
+          (*server)->address().c_str(), config.service.model_name.c_str(), kv_format.c_str(),
+          config.service.kvstore_addresses.size(),
+          metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+
+  std::thread waiter([&] {
+    const int signal = WaitForShutdownSignal();
+    fprintf(stderr, "kvstrata-decode: signal %d, shutting down (grace %s)\n", signal,
+            absl::FormatDuration(config.shutdown_grace).c_str());
+    (*server)->Shutdown(config.shutdown_grace);
+  });
+  (*server)->Wait();
+  waiter.join();
+  fprintf(stderr, "kvstrata-decode: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvstrata::decode
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvstrata-decode: a decode worker (kvstrata.v1.Generation) on one model.\n"
+      "Fetches cached prompt prefixes from the kvstore(s) in --kvstore, publishes finished\n"
+      "sequences' pages there, and exports kvstrata_decode_* metrics on --metrics_listen.\n"
+      "SIGINT/SIGTERM stop it cleanly.\n\n"
+      "usage: kvstrata-decode [--listen=HOST:PORT] [--model=PATH] [--kvstore=HOST:PORT,...] ...");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "services/decode/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    fprintf(stderr, "kvstrata-decode: unexpected argument '%s' (see --help)\n", positional[1]);
+    return 2;
+  }
+  absl::StatusOr<kvstrata::decode::DecodeConfig> config = kvstrata::decode::ConfigFromFlags();
+  if (!config.ok()) {
+    fprintf(stderr, "kvstrata-decode: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  return kvstrata::decode::Run(*std::move(config));
+}
