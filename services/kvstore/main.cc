@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/metrics.h"
+#include "core/shutdown.h"
 #include "rpc/server.h"
 #include "services/kvstore/kvstore_service.h"
 #include "services/kvstore/page_store.h"
@@ -97,13 +98,10 @@ absl::StatusOr<KvStoreConfig> ConfigFromFlags() {
 }
 
 int Run(const KvStoreConfig& config) {
-  // Block the shutdown signals in every thread (gRPC's and civetweb's inherit this mask); one
-  // thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (absl::Status s = InstallShutdownHandler(); !s.ok()) {
+    fprintf(stderr, "kvstrata-kvstore: %s\n", s.ToString().c_str());
+    return 1;
+  }
 
   SystemClock clock;
   PageStore store(config.store, &clock);
@@ -136,8 +134,7 @@ int Run(const KvStoreConfig& config) {
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
 
   std::thread waiter([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
+    const int signal = WaitForShutdownSignal();
     fprintf(stderr, "kvstrata-kvstore: signal %d, shutting down (grace %s)\n", signal,
             absl::FormatDuration(config.shutdown_grace).c_str());
     (*server)->Shutdown(config.shutdown_grace);
