@@ -190,7 +190,9 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
       max_context_(engine_->config().max_context),
       vocab_size_(engine_->config().vocab_size),
       kv_format_(engine_->KvFormatString()),
-      has_chat_template_(engine_->chat_template() != nullptr) {
+      has_chat_template_(engine_->chat_template() != nullptr),
+      model_fingerprint_(engine_->model().fingerprint),
+      eos_token_ids_(engine_->model().tokenizer.end_of_generation_ids) {
   if (!options_.kvstore_addresses.empty()) {
     ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
     for (const std::string& a : options_.kvstore_addresses) ring_->AddStore(a);
@@ -769,6 +771,8 @@ grpc::Status DecodeService::GetServerInfo(grpc::ServerContext* context,
   response->set_server_version("0.1.0");
   response->set_api_version("kvstrata.v1");
   response->set_model(options_.model_name);
+  response->set_model_fingerprint(model_fingerprint_);
+  for (int32_t id : eos_token_ids_) response->add_eos_token_ids(static_cast<uint32_t>(id));
   response->set_vocab_size(static_cast<uint32_t>(vocab_size_));
   response->set_has_chat_template(has_chat_template_);
   response->mutable_kv_format()->set_name(kv_format_);

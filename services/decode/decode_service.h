@@ -109,6 +109,8 @@ class DecodeService final : public v1::Generation::Service {
   const int vocab_size_;
   const std::string kv_format_;
   const bool has_chat_template_;
+  const std::string model_fingerprint_;
+  const std::vector<int32_t> eos_token_ids_;
 
   std::mutex ring_mu_;
   std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore

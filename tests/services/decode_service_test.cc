@@ -7,6 +7,7 @@
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -168,6 +169,10 @@ TEST(DecodeServiceTest, GreedyChatAnswersParisWithFinishAndUsage) {
   ASSERT_TRUE(d->stub->GetServerInfo(&context, {}, &info).ok());
   EXPECT_FALSE(info.kv_format().name().empty());
   EXPECT_EQ(info.kv_format().page_size_tokens(), 64u);
+  EXPECT_EQ(info.model_fingerprint().size(), 64u);  // hex SHA-256 of the GGUF file
+  // SmolLM2: <|im_end|> (2) ends generation, and so does <|endoftext|> (0).
+  EXPECT_NE(std::find(info.eos_token_ids().begin(), info.eos_token_ids().end(), 2u),
+            info.eos_token_ids().end());
   EXPECT_NE(d->registry.Render().find("kvstrata_decode_requests_total{finish_reason="),
             std::string::npos);
 }
