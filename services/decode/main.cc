@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "core/metrics.h"
 #include "core/shutdown.h"
+#include "engine/defaults.h"
 #include "engine/engine.h"
 #include "rpc/server.h"
 #include "services/decode/decode_service.h"
@@ -61,17 +62,6 @@ struct DecodeConfig {
   DecodeServiceOptions service;
   absl::Duration shutdown_grace;
 };
-
-std::string DefaultModelPath() {
-  std::string cache;
-  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') {
-    cache = env;
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = absl::StrCat(home ? home : "", "/.cache/kvstrata");
-  }
-  return absl::StrCat(cache, "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
 
 // Folds the flags into a config; errors name the flag. Flag values first, the file system last.
 absl::StatusOr<DecodeConfig> ConfigFromFlags() {
@@ -112,15 +102,14 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
   if (config.engine.rotations_path == "identity") {
     config.engine.rotations_path.clear();
   } else if (config.engine.rotations_path.empty()) {
-    const char* env = std::getenv("KVSTRATA_ROTATIONS");
-    config.engine.default_rotations_dir = env && *env ? env : KVSTRATA_SOURCE_DIR "/rotations";
+    config.engine.default_rotations_dir = engine::DefaultRotationsDir();
   } else if (!std::filesystem::exists(config.engine.rotations_path, ec)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rotations=", config.engine.rotations_path, ": no such file"));
   }
   config.engine.model_path = absl::GetFlag(FLAGS_model);
   if (config.engine.model_path.empty()) {
-    config.engine.model_path = DefaultModelPath();
+    config.engine.model_path = engine::DefaultModelPath();
     if (!std::filesystem::exists(config.engine.model_path, ec)) {
       return absl::NotFoundError(absl::StrCat("--model: not given and the default model is not at ",
                                               config.engine.model_path,

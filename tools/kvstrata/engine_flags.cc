@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "engine/defaults.h"
 
 ABSL_FLAG(std::string, model, "",
           "the model: a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from "
@@ -17,16 +18,6 @@ ABSL_FLAG(std::string, rotations, "",
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools)");
 
 namespace kvstrata::cli {
-
-std::string CacheDir() {
-  if (const char* env = std::getenv("KVSTRATA_CACHE"); env != nullptr && *env != '\0') return env;
-  const char* home = std::getenv("HOME");
-  return absl::StrCat(home ? home : "", "/.cache/kvstrata");
-}
-
-std::string DefaultModelPath() {
-  return absl::StrCat(CacheDir(), "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
 
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   engine::EngineOptions o;
@@ -48,8 +39,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   if (o.rotations_path == "identity") {
     o.rotations_path.clear();
   } else if (o.rotations_path.empty()) {
-    const char* env = std::getenv("KVSTRATA_ROTATIONS");
-    o.default_rotations_dir = env && *env ? env : KVSTRATA_SOURCE_DIR "/rotations";
+    o.default_rotations_dir = engine::DefaultRotationsDir();
   }
   if (!o.rotations_path.empty() && !std::filesystem::exists(o.rotations_path, ec)) {
     return absl::InvalidArgumentError(

@@ -8,6 +8,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "engine/defaults.h"
 #include "engine/engine.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -17,13 +18,9 @@ ABSL_DECLARE_FLAG(int, kv_cache_mb);
 
 namespace kvstrata::cli {
 
-// ${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf, where
-// scripts/fetch-model.sh puts the default model.
-// ${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}: where scripts/fetch-model.sh and fetch-text.sh put
-// the default model and the text sets.
-std::string CacheDir();
-
-std::string DefaultModelPath();
+// Defaults shared with the service binaries (engine/defaults.h).
+using engine::CacheDir;
+using engine::DefaultModelPath;
 
 // Engine options from --model (or the default model), --kv-format, --rotations and
 // --kv-cache-mb; the caller adjusts the sizing (sequences, chunks) it needs. InvalidArgument
