@@ -1,7 +1,5 @@
 #include "calibration/text_corpus.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/sha256.h"
 
 namespace kvstrata::calibration {
 
@@ -69,24 +68,14 @@ std::vector<TokenWindow> MakeWindows(const std::vector<TextDocument>& documents,
 }
 
 std::string TokenDigest(const std::vector<TokenWindow>& windows) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::string bytes;  // token ids as u32 little-endian
   for (const TokenWindow& w : windows) {
     for (int32_t t : w.tokens) {
       const uint32_t u = static_cast<uint32_t>(t);
-      const unsigned char le[4] = {
-          static_cast<unsigned char>(u), static_cast<unsigned char>(u >> 8),
-          static_cast<unsigned char>(u >> 16), static_cast<unsigned char>(u >> 24)};
-      EVP_DigestUpdate(ctx, le, 4);
+      for (int shift = 0; shift < 32; shift += 8) bytes += static_cast<char>((u >> shift) & 0xff);
     }
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, digest, &len);
-  EVP_MD_CTX_free(ctx);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += absl::StrFormat("%02x", digest[i]);
-  return hex;
+  return Sha256Hex(bytes);
 }
 
 }  // namespace kvstrata::calibration

@@ -1,7 +1,5 @@
 #include "engine/rotations.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/sha256.h"
 #include "core/status_macros.h"
 
 namespace kvstrata::engine {
@@ -23,15 +22,6 @@ namespace {
 
 constexpr char kFormat[] = "kvstrata-rotations";
 constexpr char kVersion[] = "1";
-
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += absl::StrFormat("%02x", digest[i]);
-  return hex;
-}
 
 struct TensorSpec {
   const char* name;

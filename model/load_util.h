@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/sha256.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer_spec.h"
 
@@ -47,8 +48,7 @@ class ByteSource {
   std::span<const uint8_t> bytes_;
 };
 
-// Lowercase hex SHA-256 of the concatenation of `parts`, digested piecewise.
-std::string Sha256Hex(std::span<const std::span<const uint8_t>> parts);
+using ::kvstrata::Sha256Hex;  // core/sha256.h
 
 // "[576, 49152]"
 std::string FormatShape(std::span<const int64_t> shape);
