@@ -35,6 +35,7 @@
 #include "engine/scheduler.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/prompt_encoder.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvstrata::engine {
@@ -107,16 +108,11 @@ class Engine {
   // model, format and rotation set.
   absl::StatusOr<PageKey> PageNamespace(std::string_view cache_salt) const;
 
-  // Prompt token ids for a conversation rendered with the model's chat template (ending with
-  // the assistant header when add_generation_prompt). Only the template's own text may yield
-  // control tokens: message content is encoded as plain text, so a user who types
-  // "<|im_end|>" gets the characters, not the token. The ids equal those of encoding the
-  // rendered text with parse_special whenever the content holds no control-token text.
-  // FailedPrecondition when the model has no chat template; the template's InvalidArgument
-  // for bad roles or no messages.
+  // Prompt token ids for a conversation or plain text: tokenizer::PromptEncoder's EncodeChat
+  // and EncodeText on this model's tokenizer (FailedPrecondition naming the model when it has
+  // no chat template).
   absl::StatusOr<std::vector<int32_t>> EncodeChat(std::span<const tokenizer::ChatMessage> messages,
                                                   bool add_generation_prompt = true) const;
-  // Token ids of plain text (control-token text stays text), with BOS when the model wants one.
   std::vector<int32_t> EncodeText(std::string_view text) const;
 
   // Queues a request on the scheduler after the engine-level checks: the namespace key was made
@@ -130,11 +126,10 @@ class Engine {
 
   const model::LoadedModel& model() const { return *model_; }
   const model::ModelConfig& config() const { return model_->config; }
-  const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
+  const tokenizer::Tokenizer& tokenizer() const { return encoder_.tokenizer(); }
   // nullptr when the model ships no (recognised) chat template.
-  const tokenizer::ChatTemplate* chat_template() const {
-    return chat_template_ ? &*chat_template_ : nullptr;
-  }
+  const tokenizer::ChatTemplate* chat_template() const { return encoder_.chat_template(); }
+  const tokenizer::PromptEncoder& prompt_encoder() const { return encoder_; }
   const RotationSet& rotations() const { return rotations_; }
   const EngineOptions& options() const { return options_; }
   KvCache& cache() { return *cache_; }
@@ -148,14 +143,12 @@ class Engine {
  private:
   class MeteredBackend;
 
-  Engine(std::shared_ptr<const model::LoadedModel> model, tokenizer::Tokenizer tokenizer,
+  Engine(std::shared_ptr<const model::LoadedModel> model, tokenizer::PromptEncoder encoder,
          const EngineOptions& options);
 
   EngineOptions options_;
   std::shared_ptr<const model::LoadedModel> model_;
-  tokenizer::Tokenizer tokenizer_;
-  std::optional<tokenizer::ChatTemplate> chat_template_;
-  std::vector<std::pair<std::string, int32_t>> control_tokens_;  // text, id; longest first
+  tokenizer::PromptEncoder encoder_;
   RotationSet rotations_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<MeteredBackend> backend_;

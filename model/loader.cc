@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <filesystem>
+#include <system_error>
 #include <string_view>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "model/dequant.h"
 #include "model/gguf.h"
 #include "model/load_util.h"
+#include "model/safetensors.h"
 
 namespace kvstrata::model {
 namespace {
@@ -263,6 +265,15 @@ absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path) {
   const std::span<const uint8_t> whole_file[] = {file.bytes()};
   model.fingerprint = Sha256Hex(whole_file);
   return model;
+}
+
+absl::StatusOr<tokenizer::TokenizerSpec> LoadTokenizerSpec(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return TokenizerSpecFromJson((std::filesystem::path(path) / "tokenizer.json").string());
+  }
+  KV_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(path));
+  return ReadTokenizer(file);
 }
 
 }  // namespace kvstrata::model

@@ -23,4 +23,9 @@ namespace kvstrata::model {
 // fingerprint is the SHA-256 of the whole file. Prints nothing.
 absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path);
 
+// Only the tokenizer of a model (a .gguf file, or a Hugging Face folder's tokenizer.json and
+// tokenizer_config.json), without reading weights: for the router, which tokenises prompts but
+// runs no model. Errors as LoadGgufModel's and TokenizerSpecFromJson's.
+absl::StatusOr<tokenizer::TokenizerSpec> LoadTokenizerSpec(const std::string& path);
+
 }  // namespace kvstrata::model
