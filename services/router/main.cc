@@ -1,0 +1,241 @@
+// kvstrata-router: the public kvstrata.v1.Generation endpoint. Tokenises each prompt once, picks
+// a decode worker with the routing policy and forwards the request; serves
+// kvstrata.v1.WorkerRegistry for the workers. `kvstrata-router --help` lists the flags;
+// docs/routing.md explains the policies and docs/operations.md how to run it.
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "core/metrics.h"
+#include "core/shutdown.h"
+#include "engine/defaults.h"
+#include "model/loader.h"
+#include "rpc/server.h"
+#include "services/router/router_service.h"
+#include "tokenizer/prompt_encoder.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50070",
+          "gRPC address to serve Generation and WorkerRegistry on (port 0: any).");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9470",
+          "HTTP address for Prometheus /metrics (port 0: any; empty: no metrics endpoint).");
+ABSL_FLAG(std::string, model, "",
+          "Where the tokenizer comes from: the workers' .gguf file or Hugging Face folder (only "
+          "the tokenizer is read). Default: SmolLM2-135M-Instruct in $KVSTRATA_CACHE or "
+          "~/.cache/kvstrata, from scripts/fetch-model.sh.");
+ABSL_FLAG(std::string, policy, "prefix-affinity",
+          "Routing policy: prefix-affinity (page-aware, kvstore-aware, bounded load), "
+          "cache-aware (SGLang's), least-load or round-robin.");
+ABSL_FLAG(std::string, workers, "",
+          "Static workers, comma-separated ID=HOST:PORT; they never expire. Workers usually "
+          "register themselves instead (kvstrata-decode --router).");
+ABSL_FLAG(std::string, kvstore, "",
+          "Comma-separated kvstore addresses whose page events feed the prefix index (the ones "
+          "the workers use); empty: the router predicts no kvstore hits.");
+ABSL_FLAG(std::string, router_id, "router-0", "Identity sent to workers and used in request ids.");
+ABSL_FLAG(uint32_t, heartbeat_interval_ms, 1000, "Heartbeat interval asked of workers.");
+ABSL_FLAG(uint32_t, max_missed_heartbeats, 3,
+          "Heartbeats a registered worker may miss before it is dropped from the pool.");
+ABSL_FLAG(int, max_attempts, 3,
+          "Workers tried per request: one that fails before any output is retried on another.");
+ABSL_FLAG(int, max_in_flight_requests, 1024,
+          "Requests in flight at the router before Generate answers RESOURCE_EXHAUSTED.");
+ABSL_FLAG(double, load_bound, 1.25,
+          "prefix-affinity: no worker takes more than this times the average load (>= 1).");
+ABSL_FLAG(double, fetch_cost_ratio, 0.1,
+          "prefix-affinity: cost of fetching a page from the kvstore / computing it, in [0, 1].");
+ABSL_FLAG(bool, log_requests, true,
+          "Log one line per request: worker, routing reason, predicted and actual cached tokens.");
+ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
+          "On SIGINT/SIGTERM, how long in-flight requests may finish before being cancelled.");
+
+namespace kvstrata::router {
+namespace {
+
+struct RouterConfig {
+  std::string listen;
+  std::string metrics_listen;
+  std::string model_path;
+  RouterOptions router;
+  absl::Duration shutdown_grace;
+};
+
+absl::StatusOr<RouterConfig> ConfigFromFlags() {
+  RouterConfig c;
+  c.listen = absl::GetFlag(FLAGS_listen);
+  if (c.listen.empty()) return absl::InvalidArgumentError("--listen: must not be empty");
+  c.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  RouterOptions& o = c.router;
+  o.router_id = absl::GetFlag(FLAGS_router_id);
+  if (o.router_id.empty()) return absl::InvalidArgumentError("--router_id: must not be empty");
+  o.policy = absl::GetFlag(FLAGS_policy);
+  o.policy_options.prefix_affinity.load_bound = absl::GetFlag(FLAGS_load_bound);
+  o.policy_options.prefix_affinity.fetch_cost_ratio = absl::GetFlag(FLAGS_fetch_cost_ratio);
+  if (absl::StatusOr<std::unique_ptr<RoutingPolicy>> p =
+          MakeRoutingPolicy(o.policy, o.policy_options);
+      !p.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--policy=", o.policy, " (with --load_bound, "
+                                                   "--fetch_cost_ratio): ", p.status().message()));
+  }
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(w, absl::MaxSplits('=', 1));
+    if (parts.size() != 2 || parts[0].empty() || !absl::StrContains(parts[1], ':')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--workers: '", w, "' is not ID=HOST:PORT"));
+    }
+    o.static_workers.push_back({parts[0], parts[1]});
+  }
+  for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
+    if (!absl::StrContains(a, ':')) {
+      return absl::InvalidArgumentError(absl::StrCat("--kvstore: '", a, "' is not HOST:PORT"));
+    }
+    o.kvstore_addresses.emplace_back(a);
+  }
+  const uint32_t interval = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  if (interval < 10 || interval > 600000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heartbeat_interval_ms=", interval, ": must be in [10, 600000]"));
+  }
+  o.worker_table.heartbeat_interval = absl::Milliseconds(interval);
+  const uint32_t missed = absl::GetFlag(FLAGS_max_missed_heartbeats);
+  if (missed < 1 || missed > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_missed_heartbeats=", missed, ": must be in [1, 1000]"));
+  }
+  o.worker_table.max_missed_heartbeats = static_cast<int>(missed);
+  o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (o.max_attempts < 1 || o.max_attempts > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_attempts=", o.max_attempts, ": must be in [1, 16]"));
+  }
+  o.max_in_flight_requests = absl::GetFlag(FLAGS_max_in_flight_requests);
+  if (o.max_in_flight_requests < 1) {
+    return absl::InvalidArgumentError("--max_in_flight_requests: must be >= 1");
+  }
+  o.log_requests = absl::GetFlag(FLAGS_log_requests);
+  c.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+
+  std::error_code ec;
+  c.model_path = absl::GetFlag(FLAGS_model);
+  if (c.model_path.empty()) {
+    c.model_path = engine::DefaultModelPath();
+    if (!std::filesystem::exists(c.model_path, ec)) {
+      return absl::NotFoundError(absl::StrCat("--model: not given and the default model is not at ",
+                                              c.model_path,
+                                              "; run scripts/fetch-model.sh to fetch it"));
+    }
+  } else if (!std::filesystem::exists(c.model_path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model=", c.model_path, ": no such file or folder"));
+  }
+  return c;
+}
+
+int Run(const RouterConfig& config) {
+  if (absl::Status s = InstallShutdownHandler(); !s.ok()) {
+    fprintf(stderr, "kvstrata-router: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<tokenizer::TokenizerSpec> spec = model::LoadTokenizerSpec(config.model_path);
+  if (!spec.ok()) {
+    fprintf(stderr, "kvstrata-router: --model=%s: %s\n", config.model_path.c_str(),
+            spec.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<tokenizer::PromptEncoder> encoder = tokenizer::PromptEncoder::Create(*spec);
+  if (!encoder.ok()) {
+    fprintf(stderr, "kvstrata-router: --model=%s: tokenizer: %s\n", config.model_path.c_str(),
+            encoder.status().ToString().c_str());
+    return 1;
+  }
+  MetricsRegistry registry;
+  absl::StatusOr<std::unique_ptr<Router>> router =
+      Router::Create(*std::move(encoder), config.router, &registry);
+  if (!router.ok()) {
+    fprintf(stderr, "kvstrata-router: %s\n", router.status().ToString().c_str());
+    return 1;
+  }
+  RouterService generation(router->get());
+  RegistryService registry_service(router->get());
+
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics_listen.empty()) {
+    std::string error;
+    metrics = MetricsServer::Start(&registry, config.metrics_listen, &error);
+    if (metrics == nullptr) {
+      fprintf(stderr, "kvstrata-router: --metrics_listen=%s: %s\n", config.metrics_listen.c_str(),
+              error.c_str());
+      return 1;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<rpc::Server>> server = rpc::Server::Start(
+      {.listen_address = config.listen, .services = {&generation, &registry_service}});
+  if (!server.ok()) {
+    fprintf(stderr, "kvstrata-router: --listen: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  (*server)->SetServingStatus("kvstrata.v1.Generation", true);
+  (*server)->SetServingStatus("kvstrata.v1.WorkerRegistry", true);
+  fprintf(stderr,
+          "kvstrata-router: serving kvstrata.v1.Generation and WorkerRegistry on %s (policy %s, "
+          "%zu static worker(s), %zu kvstore(s)); metrics on %s\n",
+          (*server)->address().c_str(), config.router.policy.c_str(),
+          config.router.static_workers.size(), config.router.kvstore_addresses.size(),
+          metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+
+  std::thread waiter([&] {
+    const int signal = WaitForShutdownSignal();
+    fprintf(stderr, "kvstrata-router: signal %d, shutting down (grace %s)\n", signal,
+            absl::FormatDuration(config.shutdown_grace).c_str());
+    (*server)->Shutdown(config.shutdown_grace);
+  });
+  (*server)->Wait();
+  waiter.join();
+  router->reset();
+  fprintf(stderr, "kvstrata-router: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvstrata::router
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvstrata-router: the public kvstrata.v1.Generation endpoint in front of the decode\n"
+      "workers. Tokenises each prompt once, hashes its pages, picks a worker with --policy and\n"
+      "forwards the request; workers join through kvstrata.v1.WorkerRegistry (kvstrata-decode\n"
+      "--router) or --workers. Exports kvstrata_router_* metrics on --metrics_listen.\n"
+      "SIGINT/SIGTERM stop it cleanly.\n\n"
+      "usage: kvstrata-router [--listen=HOST:PORT] [--policy=NAME] [--kvstore=HOST:PORT,...] ...");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "services/router/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    fprintf(stderr, "kvstrata-router: unexpected argument '%s' (see --help)\n", positional[1]);
+    return 2;
+  }
+  absl::StatusOr<kvstrata::router::RouterConfig> config = kvstrata::router::ConfigFromFlags();
+  if (!config.ok()) {
+    fprintf(stderr, "kvstrata-router: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  return kvstrata::router::Run(*config);
+}

@@ -1,0 +1,196 @@
+#pragma once
+
+// The router: the public kvstrata.v1.Generation endpoint and the kvstrata.v1.WorkerRegistry the
+// decode workers register with.
+//
+// Per Generate: tokenise once (text or chat, with the same PromptEncoder the workers use), hash
+// the prompt's full pages in the request's namespace, pick a worker with the routing policy over
+// the live workers and the prefix index, and forward the request as token ids with RoutingHints
+// (the page keys and the predicted cached tokens). The worker's stream is relayed as it comes.
+// A worker that fails before any message reached the client (it is down, full, draining) is
+// retried on another worker, up to max_attempts in all; after output began the error goes to the
+// client as the worker sent it.
+//
+// What the prefix index learns, and from where:
+//   - workers: the local page keys in RegisterWorker (a snapshot) and Heartbeat (net changes);
+//     and, once a worker has shown it keeps a local tier, the prompt's pages right after a
+//     request it served succeeded (they are in its tier by then; the next heartbeat corrects
+//     any that were not kept);
+//   - the kvstore: each node's WatchEvents stream (a snapshot, then live stored/removed events).
+// The pool identity (model, fingerprint, KV format, rotation digest, page size) comes from the
+// first worker that registers, or answers GetServerInfo when it was given by flag; a worker
+// with another identity is refused, since its page keys would not match. Until the identity is
+// known the router forwards without page keys (the worker hashes itself) and routes on load.
+//
+// Thread-safety: gRPC calls the handlers concurrently; shared state is behind mutexes, the
+// worker table and the prefix index lock themselves. Three background threads: maintenance
+// (expiry, static-worker probes, gauges), cancellation (client cancellations reach the worker at
+// once, not at its next token), and one watcher per kvstore node.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/metrics.h"
+#include "kvstrata/v1/generate.grpc.pb.h"
+#include "kvstrata/v1/worker.grpc.pb.h"
+#include "services/router/policy.h"
+#include "services/router/prefix_index.h"
+#include "services/router/worker_table.h"
+#include "tokenizer/prompt_encoder.h"
+
+namespace grpc {
+class ClientContext;
+class ServerContext;
+}  // namespace grpc
+
+namespace kvstrata::router {
+
+struct StaticWorker {
+  std::string id;
+  std::string address;
+};
+
+struct RouterOptions {
+  std::string router_id = "router-0";
+  std::string policy = "prefix-affinity";
+  RoutingPolicyOptions policy_options;
+  WorkerTableOptions worker_table;
+  PrefixIndexOptions prefix_index;
+  std::vector<StaticWorker> static_workers;
+  // kvstore nodes whose WatchEvents feed the prefix index; empty: no kvstore events.
+  std::vector<std::string> kvstore_addresses;
+  // Workers tried per request (the first plus retries).
+  int max_attempts = 3;
+  // Requests in flight at the router before Generate answers RESOURCE_EXHAUSTED.
+  int max_in_flight_requests = 1024;
+  // One line per finished request on stderr: worker, routing reason, predicted and actual
+  // cached tokens.
+  bool log_requests = true;
+};
+
+// What every worker of the pool must share for page keys to match.
+struct PoolIdentity {
+  std::string model;
+  std::string model_fingerprint;
+  std::string kv_format;
+  std::string rotation_digest;  // lowercase hex, or "identity"
+  uint32_t page_tokens = 0;
+
+  friend bool operator==(const PoolIdentity&, const PoolIdentity&) = default;
+  std::string ToString() const;
+};
+
+class RouterMetrics;
+struct InFlight;
+
+// The state both services share.
+class Router {
+ public:
+  // `encoder` tokenises prompts; `registry` is borrowed and must outlive the router. Starts the
+  // background threads. InvalidArgument for an unknown policy or a bad option.
+  static absl::StatusOr<std::unique_ptr<Router>> Create(tokenizer::PromptEncoder encoder,
+                                                        const RouterOptions& options,
+                                                        MetricsRegistry* registry,
+                                                        const Clock* clock = nullptr);
+  ~Router();
+
+  const RouterOptions& options() const { return options_; }
+  std::optional<PoolIdentity> identity() const;
+  std::vector<WorkerInfo> LiveWorkers() { return workers_.Snapshot(); }
+  PrefixIndex& prefix_index() { return index_; }
+
+ private:
+  friend class RouterService;
+  friend class RegistryService;
+
+  struct WorkerState {
+    uint64_t incarnation = 0;
+    bool identity_checked = false;  // registered, or a static worker that answered
+    bool keeps_local_pages = false;  // has reported local page keys or local hits
+  };
+
+  Router(tokenizer::PromptEncoder encoder, const RouterOptions& options,
+         std::unique_ptr<RoutingPolicy> policy, MetricsRegistry* registry, const Clock* clock);
+
+  // Adopts `id` as the pool identity if none is set; FailedPrecondition naming the differing
+  // field otherwise.
+  absl::Status CheckIdentity(const PoolIdentity& id);
+  std::shared_ptr<v1::Generation::Stub> StubFor(const std::string& address);
+  void ForgetWorker(const std::string& id);
+
+  void MaintenanceLoop();
+  void CancellationLoop();
+  void WatchKvStore(const std::string& address);
+  void ProbeStaticWorkers();
+  bool SleepUnlessStopping(absl::Duration d);
+
+  const RouterOptions options_;
+  const tokenizer::PromptEncoder encoder_;
+  const std::unique_ptr<RoutingPolicy> policy_;
+  SystemClock system_clock_;
+  WorkerTable workers_;
+  PrefixIndex index_;
+  std::unique_ptr<RouterMetrics> metrics_;
+
+  mutable std::mutex mu_;
+  std::optional<PoolIdentity> identity_;                              // guarded by mu_
+  absl::flat_hash_map<std::string, WorkerState> worker_states_;       // guarded by mu_
+  absl::flat_hash_map<std::string, std::shared_ptr<v1::Generation::Stub>> stubs_;  // by address
+  absl::flat_hash_map<std::string, std::shared_ptr<InFlight>> in_flight_;  // by request id
+  uint64_t next_request_number_ = 1;
+
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::mutex watch_mu_;
+  std::vector<grpc::ClientContext*> active_watches_;  // guarded by watch_mu_
+
+  std::thread maintenance_thread_;
+  std::thread cancellation_thread_;
+  std::vector<std::thread> watch_threads_;
+};
+
+// kvstrata.v1.Generation, public side.
+class RouterService final : public v1::Generation::Service {
+ public:
+  explicit RouterService(Router* router) : router_(router) {}
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                     v1::AbortResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+
+ private:
+  Router* const router_;
+};
+
+// kvstrata.v1.WorkerRegistry, called by the decode workers.
+class RegistryService final : public v1::WorkerRegistry::Service {
+ public:
+  explicit RegistryService(Router* router) : router_(router) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+
+ private:
+  Router* const router_;
+};
+
+}  // namespace kvstrata::router
