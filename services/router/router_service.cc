@@ -322,19 +322,25 @@ void Router::ForgetWorker(const std::string& id) {
   if (it != worker_states_.end()) it->second.keeps_local_pages = false;
 }
 
+std::vector<WorkerInfo> Router::LiveWorkers() {
+  // Expire here rather than inside Snapshot, so a dropped worker is always logged, counted and
+  // forgotten by the index.
+  for (const std::string& id : workers_.ExpireStale()) {
+    fprintf(stderr, "kvstrata-router: worker %s missed %d heartbeats; dropped from the pool\n",
+            id.c_str(), options_.worker_table.max_missed_heartbeats);
+    metrics_->dropped.With({"silent"}).Increment();
+    ForgetWorker(id);
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_states_.erase(id);
+  }
+  return workers_.Snapshot();
+}
+
 void Router::MaintenanceLoop() {
   const absl::Duration tick = options_.worker_table.heartbeat_interval;
   do {
-    for (const std::string& id : workers_.ExpireStale()) {
-      fprintf(stderr, "kvstrata-router: worker %s missed %d heartbeats; dropped from the pool\n",
-              id.c_str(), options_.worker_table.max_missed_heartbeats);
-      metrics_->dropped.With({"silent"}).Increment();
-      ForgetWorker(id);
-      std::lock_guard<std::mutex> lock(mu_);
-      worker_states_.erase(id);
-    }
     ProbeStaticWorkers();
-    const std::vector<WorkerInfo> live = workers_.Snapshot();
+    const std::vector<WorkerInfo> live = LiveWorkers();
     metrics_->workers.Get().Set(static_cast<double>(live.size()));
     for (const WorkerInfo& w : live) {
       metrics_->worker_requests.With({w.id}).Set(static_cast<double>(w.load.requests()));
@@ -572,7 +578,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   grpc::Status last_error(grpc::StatusCode::UNAVAILABLE,
                           "no healthy worker can serve the model; retry with backoff");
   for (int attempt = 0; attempt < r.options_.max_attempts; ++attempt) {
-    std::vector<WorkerInfo> workers = r.workers_.Snapshot();
+    std::vector<WorkerInfo> workers = r.LiveWorkers();
     std::erase_if(workers, [&](const WorkerInfo& w) { return tried.contains(w.id); });
     if (workers.empty()) break;
     RouteRequest route{.page_keys = keys,
@@ -758,7 +764,7 @@ grpc::Status RouterService::GetServerInfo(grpc::ServerContext* context,
   }
   response->set_max_queued_requests(
       static_cast<uint32_t>(router_->options_.max_in_flight_requests));
-  response->set_available_workers(static_cast<uint32_t>(router_->workers_.Snapshot().size()));
+  response->set_available_workers(static_cast<uint32_t>(router_->LiveWorkers().size()));
   return grpc::Status::OK;
 }
 

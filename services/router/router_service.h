@@ -108,7 +108,8 @@ class Router {
 
   const RouterOptions& options() const { return options_; }
   std::optional<PoolIdentity> identity() const;
-  std::vector<WorkerInfo> LiveWorkers() { return workers_.Snapshot(); }
+  // The workers in the pool, after dropping (and forgetting) the silent ones.
+  std::vector<WorkerInfo> LiveWorkers();
   PrefixIndex& prefix_index() { return index_; }
 
  private:

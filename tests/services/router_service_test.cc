@@ -1,0 +1,438 @@
+// The router's services in process, against scripted workers: registration and heartbeats,
+// validation, what is forwarded (token ids, page keys, predictions), retries before the first
+// message, and expiry of silent workers. The workers here are fakes because these tests are
+// about what the router does with their answers (failures included); the router in front of
+// real decode workers and a real kvstore is covered by cluster_e2e_test.
+
+#include "services/router/router_service.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/metrics.h"
+#include "core/radix_hash.h"
+#include "kvstrata/v1/generate.grpc.pb.h"
+#include "kvstrata/v1/worker.grpc.pb.h"
+#include "model/tiny_model.h"
+#include "rpc/server.h"
+#include "tokenizer/prompt_encoder.h"
+
+namespace kvstrata::router {
+namespace {
+
+constexpr char kFingerprint[] = "f00d";
+constexpr char kFormat[] = "int2-g64-sink64-recent256-p64";
+constexpr uint32_t kPage = 64;
+
+class FakeClock final : public Clock {
+ public:
+  absl::Time Now() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+};
+
+// A worker that answers every Generate the same scripted way and records what it was sent.
+class ScriptedWorker final : public v1::Generation::Service {
+ public:
+  explicit ScriptedWorker(std::string id, grpc::Status fail = grpc::Status::OK)
+      : id_(std::move(id)), fail_(std::move(fail)) {}
+
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      received_.push_back(*request);
+    }
+    if (!fail_.ok()) return fail_;
+    v1::GenerateResponse m;
+    m.set_request_id(request->request_id());
+    m.set_worker_id(id_);
+    m.add_token_ids(7);
+    m.set_text("hi");
+    writer->Write(m);
+    m.Clear();
+    m.set_request_id(request->request_id());
+    m.set_worker_id(id_);
+    m.set_finish_reason(v1::FINISH_REASON_LENGTH);
+    v1::Usage* u = m.mutable_usage();
+    u->set_prompt_tokens(static_cast<uint32_t>(request->token_ids().ids_size()));
+    u->set_completion_tokens(1);
+    u->set_cached_local_tokens(request->routing().predicted_local_cached_tokens());
+    u->set_uncached_tokens(u->prompt_tokens() - u->cached_local_tokens());
+    m.mutable_timings()->set_time_to_first_token_us(10);
+    writer->Write(m);
+    return grpc::Status::OK;
+  }
+
+  std::vector<v1::GenerateRequest> received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_;
+  }
+
+ private:
+  const std::string id_;
+  const grpc::Status fail_;
+  std::mutex mu_;
+  std::vector<v1::GenerateRequest> received_;
+};
+
+struct Worker {
+  std::unique_ptr<ScriptedWorker> service;
+  std::unique_ptr<rpc::Server> server;
+};
+
+Worker StartWorker(const std::string& id, grpc::Status fail = grpc::Status::OK) {
+  Worker w;
+  w.service = std::make_unique<ScriptedWorker>(id, std::move(fail));
+  absl::StatusOr<std::unique_ptr<rpc::Server>> s =
+      rpc::Server::Start({.listen_address = "127.0.0.1:0", .services = {w.service.get()}});
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) w.server = *std::move(s);
+  return w;
+}
+
+tokenizer::PromptEncoder TinyEncoder() {
+  absl::StatusOr<model::LoadedModel> m = model::MakeTinyModel({});
+  EXPECT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<tokenizer::PromptEncoder> e = tokenizer::PromptEncoder::Create(m->tokenizer);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return *std::move(e);
+}
+
+class RouterServiceTest : public ::testing::Test {
+ protected:
+  void Start(RouterOptions options) {
+    options.worker_table.heartbeat_interval = absl::Milliseconds(20);
+    options.log_requests = false;
+    absl::StatusOr<std::unique_ptr<Router>> r =
+        Router::Create(TinyEncoder(), options, &registry_, &clock_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    router_ = *std::move(r);
+    generation_ = std::make_unique<RouterService>(router_.get());
+    workers_ = std::make_unique<RegistryService>(router_.get());
+    absl::StatusOr<std::unique_ptr<rpc::Server>> s = rpc::Server::Start(
+        {.listen_address = "127.0.0.1:0", .services = {generation_.get(), workers_.get()}});
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    gen_stub_ = v1::Generation::NewStub(channel);
+    reg_stub_ = v1::WorkerRegistry::NewStub(channel);
+  }
+
+  void TearDown() override {
+    if (server_) server_->Shutdown(absl::Seconds(1));
+  }
+
+  v1::RegisterWorkerRequest Registration(const std::string& id, const std::string& address) {
+    v1::RegisterWorkerRequest r;
+    r.set_worker_id(id);
+    r.set_incarnation(42);
+    r.set_address(address);
+    r.set_model("tiny");
+    r.set_model_fingerprint(kFingerprint);
+    r.mutable_kv_format()->set_name(kFormat);
+    r.mutable_kv_format()->set_page_size_tokens(kPage);
+    r.set_capacity_pages(100);
+    return r;
+  }
+
+  grpc::Status Register(const v1::RegisterWorkerRequest& r) {
+    grpc::ClientContext c;
+    v1::RegisterWorkerResponse response;
+    return reg_stub_->RegisterWorker(&c, r, &response);
+  }
+
+  grpc::Status Heartbeat(const v1::HeartbeatRequest& r) {
+    grpc::ClientContext c;
+    v1::HeartbeatResponse response;
+    return reg_stub_->Heartbeat(&c, r, &response);
+  }
+
+  struct Result {
+    grpc::Status status;
+    std::vector<v1::GenerateResponse> messages;
+  };
+  Result Generate(const v1::GenerateRequest& request) {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = gen_stub_->Generate(&c, request);
+    Result r;
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) r.messages.push_back(m);
+    r.status = reader->Finish();
+    return r;
+  }
+
+  uint32_t AvailableWorkers() {
+    grpc::ClientContext c;
+    v1::ServerInfo info;
+    EXPECT_TRUE(gen_stub_->GetServerInfo(&c, {}, &info).ok());
+    return info.available_workers();
+  }
+
+  // The keys the router should compute for a prompt in the shared namespace.
+  std::vector<PageKey> KeysOf(const std::vector<int32_t>& prompt) {
+    HashNamespace ns{.model_fingerprint = kFingerprint,
+                     .kv_format = kFormat,
+                     .rotation_digest = "identity",
+                     .page_tokens = kPage};
+    const size_t pages = (prompt.size() - 1) / kPage;
+    absl::StatusOr<std::vector<PageKey>> k =
+        PrefixPageKeys(ns, std::span<const int32_t>(prompt).first(pages * kPage));
+    EXPECT_TRUE(k.ok());
+    return *k;
+  }
+
+  static std::string Text(int pages) {
+    std::string s;
+    for (int i = 0; i < pages * kPage; ++i) s += static_cast<char>('a' + i % 26);
+    return s;
+  }
+
+  MetricsRegistry registry_;
+  FakeClock clock_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<RouterService> generation_;
+  std::unique_ptr<RegistryService> workers_;
+  std::unique_ptr<rpc::Server> server_;
+  std::unique_ptr<v1::Generation::Stub> gen_stub_;
+  std::unique_ptr<v1::WorkerRegistry::Stub> reg_stub_;
+};
+
+TEST_F(RouterServiceTest, RegistrationErrorsNameTheField) {
+  Start({});
+  v1::RegisterWorkerRequest r = Registration("", "127.0.0.1:1");
+  grpc::Status s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("worker_id"), std::string::npos) << s.error_message();
+
+  r = Registration("w", "127.0.0.1:1");
+  r.set_capacity_pages(0);
+  s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("capacity_pages"), std::string::npos) << s.error_message();
+
+  r = Registration("w", "127.0.0.1:1");
+  r.mutable_kv_format()->set_rotation_digest("short");
+  s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("rotation_digest"), std::string::npos) << s.error_message();
+
+  r = Registration("w", "127.0.0.1:1");
+  r.add_local_page_keys("not sixteen bytes");
+  s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("local_page_keys[0]"), std::string::npos);
+
+  ASSERT_TRUE(Register(Registration("w1", "127.0.0.1:1")).ok());
+  r = Registration("w2", "127.0.0.1:2");
+  r.set_model_fingerprint("beef");
+  s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("model_fingerprint"), std::string::npos) << s.error_message();
+  r = Registration("w2", "127.0.0.1:2");
+  r.mutable_kv_format()->set_name("bf16-p64");
+  s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("kv_format.name"), std::string::npos) << s.error_message();
+  EXPECT_EQ(AvailableWorkers(), 1u);
+}
+
+TEST_F(RouterServiceTest, HeartbeatsNeedTheRegisteredIncarnationAndDrainingLeaves) {
+  Start({});
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w1");
+  hb.set_incarnation(42);
+  EXPECT_EQ(Heartbeat(hb).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Register(Registration("w1", "127.0.0.1:1")).ok());
+  EXPECT_TRUE(Heartbeat(hb).ok());
+  hb.set_incarnation(43);  // the worker restarted without registering again
+  EXPECT_EQ(Heartbeat(hb).error_code(), grpc::StatusCode::NOT_FOUND);
+  hb.set_incarnation(42);
+  hb.add_stored_page_keys("bad");
+  EXPECT_EQ(Heartbeat(hb).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  hb.clear_stored_page_keys();
+  EXPECT_EQ(AvailableWorkers(), 1u);
+  hb.mutable_load()->set_draining(true);
+  EXPECT_TRUE(Heartbeat(hb).ok());
+  EXPECT_EQ(AvailableWorkers(), 0u);
+  hb.mutable_load()->set_draining(false);
+  EXPECT_EQ(Heartbeat(hb).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(RouterServiceTest, SilentWorkerIsDroppedAndMustRegisterAgain) {
+  Start({});
+  ASSERT_TRUE(Register(Registration("w1", "127.0.0.1:1")).ok());
+  EXPECT_EQ(AvailableWorkers(), 1u);
+  clock_.Advance(absl::Seconds(10));  // far past 3 x 20 ms
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (AvailableWorkers() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(AvailableWorkers(), 0u);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("w1");
+  hb.set_incarnation(42);
+  EXPECT_EQ(Heartbeat(hb).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(registry_.Render().find("kvstrata_router_workers_dropped_total{reason=\"silent\"} 1"),
+            std::string::npos);
+}
+
+TEST_F(RouterServiceTest, NoWorkerIsUnavailableAndBadInputIsInvalidArgument) {
+  Start({});
+  v1::GenerateRequest g;
+  g.set_text("hello");
+  Result r = Generate(g);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  g.set_request_id("bad\nid");
+  r = Generate(g);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("request_id"), std::string::npos);
+
+  g.clear_request_id();
+  g.mutable_token_ids()->add_ids(1u << 30);
+  r = Generate(g);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("token_ids.ids[0]"), std::string::npos);
+
+  g.clear_token_ids();
+  g.mutable_chat();
+  r = Generate(g);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("chat.messages"), std::string::npos);
+  EXPECT_TRUE(r.messages.empty());
+}
+
+TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThePages) {
+  Start({.policy = "prefix-affinity"});
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  ASSERT_TRUE(Register(Registration("a", a.server->address())).ok());
+  ASSERT_TRUE(Register(Registration("b", b.server->address())).ok());
+
+  const std::string text = Text(5);
+  const std::vector<int32_t> prompt = TinyEncoder().EncodeText(text);
+  const std::vector<PageKey> keys = KeysOf(prompt);
+  ASSERT_EQ(keys.size(), (prompt.size() - 1) / kPage);
+  ASSERT_GE(keys.size(), 4u);
+
+  // b reports the prompt's first four pages in its local tier.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("b");
+  hb.set_incarnation(42);
+  for (int i = 0; i < 4; ++i) {
+    hb.add_stored_page_keys(std::string(reinterpret_cast<const char*>(keys[i].bytes.data()), 16));
+  }
+  ASSERT_TRUE(Heartbeat(hb).ok());
+
+  v1::GenerateRequest g;
+  g.set_text(text);
+  g.set_request_id("req-1");
+  const Result r = Generate(g);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages.back().worker_id(), "b");
+  EXPECT_EQ(r.messages.back().usage().predicted_cached_tokens(), 4 * kPage);
+  EXPECT_GT(r.messages.back().timings().total_us(), 0u);
+  EXPECT_TRUE(a.service->received().empty());
+
+  const std::vector<v1::GenerateRequest> sent = b.service->received();
+  ASSERT_EQ(sent.size(), 1u);
+  const v1::GenerateRequest& f = sent[0];
+  EXPECT_EQ(f.request_id(), "req-1");
+  ASSERT_EQ(f.input_case(), v1::GenerateRequest::kTokenIds);
+  EXPECT_EQ(std::vector<int32_t>(f.token_ids().ids().begin(), f.token_ids().ids().end()), prompt);
+  ASSERT_EQ(f.routing().prefix_page_keys_size(), static_cast<int>(keys.size()));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(f.routing().prefix_page_keys(static_cast<int>(i)),
+              std::string(reinterpret_cast<const char*>(keys[i].bytes.data()), 16));
+  }
+  EXPECT_EQ(f.routing().predicted_local_cached_tokens(), 4 * kPage);
+  EXPECT_EQ(f.routing().router_id(), "router-0");
+
+  // Once b has removed those pages, nothing argues for b: the prediction drops to zero.
+  hb.clear_stored_page_keys();
+  for (int i = 0; i < 4; ++i) {
+    hb.add_removed_page_keys(std::string(reinterpret_cast<const char*>(keys[i].bytes.data()), 16));
+  }
+  ASSERT_TRUE(Heartbeat(hb).ok());
+  g.set_request_id("req-2");
+  const Result r2 = Generate(g);
+  ASSERT_TRUE(r2.status.ok());
+  EXPECT_EQ(r2.messages.back().usage().predicted_cached_tokens(), 0u);
+  EXPECT_NE(registry_.Render().find("kvstrata_router_requests_total{finish_reason="
+                                    "\"FINISH_REASON_LENGTH\"} 2"),
+            std::string::npos);
+}
+
+TEST_F(RouterServiceTest, WorkerFailingBeforeOutputIsRetriedOnAnother) {
+  Start({.policy = "round-robin"});
+  Worker bad = StartWorker("a-bad", grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away"));
+  Worker good = StartWorker("b-good");
+  ASSERT_TRUE(Register(Registration("a-bad", bad.server->address())).ok());
+  ASSERT_TRUE(Register(Registration("b-good", good.server->address())).ok());
+  v1::GenerateRequest g;
+  g.set_text("hello there");
+  for (int i = 0; i < 2; ++i) {  // round-robin starts on either worker; both orders must work
+    const Result r = Generate(g);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.messages.back().worker_id(), "b-good");
+  }
+  EXPECT_GE(bad.service->received().size(), 1u);
+  EXPECT_NE(registry_.Render().find("kvstrata_router_retries_total{code=\"UNAVAILABLE\"}"),
+            std::string::npos);
+}
+
+TEST_F(RouterServiceTest, RequestErrorsFromTheWorkerAreNotRetried) {
+  Start({.policy = "round-robin"});
+  Worker a = StartWorker("a", grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "too long"));
+  Worker b = StartWorker("b", grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "too long"));
+  ASSERT_TRUE(Register(Registration("a", a.server->address())).ok());
+  ASSERT_TRUE(Register(Registration("b", b.server->address())).ok());
+  v1::GenerateRequest g;
+  g.set_text("hello");
+  const Result r = Generate(g);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(a.service->received().size() + b.service->received().size(), 1u);
+}
+
+TEST_F(RouterServiceTest, AllWorkersFailingIsUnavailableNamingTheLastWorker) {
+  Start({.policy = "least-load", .max_attempts = 2});
+  Worker a = StartWorker("a", grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"));
+  Worker b = StartWorker("b", grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"));
+  Worker c = StartWorker("c", grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full"));
+  for (Worker* w : {&a, &b, &c}) {
+    ASSERT_TRUE(Register(Registration(w == &a ? "a" : w == &b ? "b" : "c",
+                                      w->server->address()))
+                    .ok());
+  }
+  v1::GenerateRequest g;
+  g.set_text("hello");
+  const Result r = Generate(g);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(r.status.error_message().find("queue full"), std::string::npos);
+  EXPECT_EQ(a.service->received().size() + b.service->received().size() +
+                c.service->received().size(),
+            2u);  // max_attempts
+}
+
+}  // namespace
+}  // namespace kvstrata::router
