@@ -240,9 +240,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
   const int64_t bf16_bytes = kernels::PageBytes(g, kernels::PageEncoding::kBf16);
   int64_t bf16_budget = o.capacity_bytes;
   if (cache->split()) {
-    // BF16 pages are the working set: sink + recent window + one chunk, per sequence.
+    // BF16 pages are the working set: sink + recent window + one chunk, per sequence. They get
+    // at most half the capacity (but always one sequence's worth), so a small cache still has
+    // room for INT2 history, which is what long prompts need.
     const int64_t per_seq = cache->Bf16SlotsNeeded(std::numeric_limits<int32_t>::max());
-    bf16_budget = std::min(o.capacity_bytes, per_seq * o.max_sequences * bf16_bytes);
+    bf16_budget = std::min({o.capacity_bytes, per_seq * o.max_sequences * bf16_bytes,
+                            std::max(per_seq * bf16_bytes, o.capacity_bytes / 2)});
   }
   if (bf16_budget < bf16_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache capacity ", o.capacity_bytes,

@@ -72,7 +72,9 @@ struct KvCacheOptions {
   kernels::SplitLayout layout;  // sink 64, recent >= 256, pages of 64
   int group_size = 0;           // INT2 channels per scale/offset; 0 = head_dim
   int64_t capacity_bytes = int64_t{1} << 30;
-  int max_sequences = 16;      // sequences holding pages at once (sizes the BF16 pool)
+  // Sequences holding pages at once: sizes the BF16 pool, which takes at most half of
+  // capacity_bytes (at least one sequence's sink, recent window and chunk); the rest is history.
+  int max_sequences = 16;
   int max_chunk_tokens = 512;  // largest prefill chunk (sizes the BF16 working set)
 };
 
