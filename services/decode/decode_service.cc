@@ -9,6 +9,7 @@
 #include <future>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -59,7 +60,16 @@ class DecodeMetrics {
                             LatencyBucketsSeconds())),
         running(r->AddGauge("kvstrata_decode_running_sequences", "Sequences decoding now.")),
         waiting(r->AddGauge("kvstrata_decode_waiting_requests",
-                            "Requests queued for the engine (service queue + scheduler).")) {}
+                            "Requests queued for the engine (service queue + scheduler).")),
+        local_cache_bytes(r->AddGauge("kvstrata_decode_local_cache_bytes",
+                                      "Bytes of page data in the local page tier.")),
+        local_cache_capacity_bytes(
+            r->AddGauge("kvstrata_decode_local_cache_capacity_bytes",
+                        "Capacity of the local page tier in bytes (0: no local tier).")),
+        local_cache_pages(
+            r->AddGauge("kvstrata_decode_local_cache_pages", "Pages in the local page tier.")),
+        local_cache_evictions(r->AddCounter("kvstrata_decode_local_cache_evictions_total",
+                                            "Pages evicted from the local page tier (LRU).")) {}
 
   Family<Counter>& requests;
   Family<Counter>& rejected;
@@ -71,6 +81,10 @@ class DecodeMetrics {
   Family<Histogram>& e2e;
   Family<Gauge>& running;
   Family<Gauge>& waiting;
+  Family<Gauge>& local_cache_bytes;
+  Family<Gauge>& local_cache_capacity_bytes;
+  Family<Gauge>& local_cache_pages;
+  Family<Counter>& local_cache_evictions;
 };
 
 namespace {
@@ -79,6 +93,7 @@ constexpr int kMaxStopStrings = 16;
 constexpr int kMaxRequestIdBytes = 128;
 constexpr int kMaxCacheSaltBytes = 256;
 constexpr uint32_t kLookupLeaseMs = 10000;
+constexpr char kServerVersion[] = "0.1.0";
 
 v1::FinishReason ToProto(engine::FinishReason reason) {
   switch (reason) {
@@ -175,6 +190,60 @@ absl::Status ValidateRequest(const v1::GenerateRequest& r, int max_logprobs_top_
   return absl::OkStatus();
 }
 
+v1::KvQuantization Quantization(engine::KvCacheFormat format) {
+  switch (format) {
+    case engine::KvCacheFormat::kBf16:
+      return v1::KV_QUANTIZATION_BF16;
+    case engine::KvCacheFormat::kInt2:
+      return v1::KV_QUANTIZATION_INT2_UNIFORM;
+    case engine::KvCacheFormat::kInt2LloydMax:
+      return v1::KV_QUANTIZATION_INT2_LLOYD_MAX;
+    case engine::KvCacheFormat::kEvalFp8:
+    case engine::KvCacheFormat::kEvalInt4:
+    case engine::KvCacheFormat::kEvalKivi2:
+    case engine::KvCacheFormat::kEvalTurbo3:
+      return v1::KV_QUANTIZATION_UNSPECIFIED;
+  }
+  return v1::KV_QUANTIZATION_UNSPECIFIED;
+}
+
+// Every KvFormat field the engine knows. rotation_digest: the namespace binds the digest's hex
+// form (or "identity"); the wire carries the 32 raw bytes (or nothing for identity).
+v1::KvFormat DescribeKvFormat(const engine::Engine& engine) {
+  const engine::KvCache& cache = engine.cache();
+  const kernels::KvGeometry& g = cache.geometry();
+  const kernels::SplitLayout& layout = cache.options().layout;
+  const engine::KvCacheFormat format = cache.options().format;
+  v1::KvFormat f;
+  f.set_name(engine.KvFormatString());
+  f.set_quantization(Quantization(format));
+  f.set_page_size_tokens(static_cast<uint32_t>(layout.page_tokens));
+  f.set_num_layers(static_cast<uint32_t>(g.num_layers));
+  f.set_num_kv_heads(static_cast<uint32_t>(g.num_kv_heads));
+  f.set_head_dim(static_cast<uint32_t>(g.head_dim));
+  f.set_bf16_page_bytes(static_cast<uint64_t>(kernels::PageBytes(g, kernels::PageEncoding::kBf16)));
+  f.set_history_bits_per_element(engine::HistoryBitsPerElement(format, g));
+  if (format == engine::KvCacheFormat::kInt2 || format == engine::KvCacheFormat::kInt2LloydMax) {
+    f.set_sink_tokens(static_cast<uint32_t>(layout.sink_tokens));
+    f.set_recent_window_tokens(static_cast<uint32_t>(layout.recent_tokens));
+    f.set_group_size(static_cast<uint32_t>(g.group_size));
+    f.set_int2_page_bytes(static_cast<uint64_t>(kernels::PageBytes(
+        g, format == engine::KvCacheFormat::kInt2 ? kernels::PageEncoding::kInt2Uniform
+                                                  : kernels::PageEncoding::kInt2LloydMax)));
+  }
+  const std::string& digest = engine.rotations().digest;
+  if (!digest.empty() && digest != "identity")
+    f.set_rotation_digest(absl::HexStringToBytes(digest));
+  return f;
+}
+
+// Pages of the local tier's total, current size, for the gauges.
+void UpdateLocalGauges(const LocalPageCache* cache, DecodeMetrics& metrics) {
+  if (cache == nullptr) return;
+  metrics.local_cache_bytes.Get().Set(static_cast<double>(cache->bytes()));
+  metrics.local_cache_pages.Get().Set(static_cast<double>(cache->pages()));
+}
+
 uint64_t Micros(absl::Duration d) {
   return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(d)));
 }
@@ -189,10 +258,27 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
       page_tokens_(engine_->cache().geometry().page_tokens),
       max_context_(engine_->config().max_context),
       vocab_size_(engine_->config().vocab_size),
-      kv_format_(engine_->KvFormatString()),
       has_chat_template_(engine_->chat_template() != nullptr),
       model_fingerprint_(engine_->model().fingerprint),
-      eos_token_ids_(engine_->model().tokenizer.end_of_generation_ids) {
+      eos_token_ids_(engine_->model().tokenizer.end_of_generation_ids),
+      max_running_(engine_->options().scheduler.max_running),
+      split_layout_(engine_->cache().int2_pool() != nullptr),
+      layout_(engine_->cache().options().layout),
+      sink_pages_(layout_.sink_tokens / std::max(1, layout_.page_tokens)),
+      kv_format_proto_(DescribeKvFormat(*engine_)) {
+  if (options_.local_cache_bytes > 0) {
+    local_pages_ = std::make_unique<LocalPageCache>(
+        LocalPageCacheOptions{.capacity_bytes = options_.local_cache_bytes});
+  }
+  metrics_->local_cache_capacity_bytes.Get().Set(
+      static_cast<double>(std::max<int64_t>(0, options_.local_cache_bytes)));
+  UpdateLocalGauges(local_pages_.get(), *metrics_);
+  {
+    const engine::KvCache& cache = engine_->cache();
+    const bool split = cache.int2_pool() != nullptr;
+    total_pages_.store(split ? cache.int2_pool()->num_slots() : cache.bf16_pool().num_slots());
+    free_pages_.store(split ? cache.free_int2_slots() : cache.free_bf16_slots());
+  }
   if (!options_.kvstore_addresses.empty()) {
     ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
     for (const std::string& a : options_.kvstore_addresses) ring_->AddStore(a);
@@ -307,6 +393,7 @@ void DecodeService::EngineLoop() {
         channel = it->second;
         if (e.finish != engine::FinishReason::kNone) running_.erase(it);
       }
+      if (e.token >= 0) generated_tokens_.fetch_add(1);
       {
         std::lock_guard<std::mutex> lock(channel->mu);
         channel->events.push_back(std::move(e));
@@ -316,6 +403,14 @@ void DecodeService::EngineLoop() {
     kv_bytes_in_use_.store(engine_->KvBytesInUse());
     active_sequences_.store(scheduler.running() + scheduler.waiting());
     scheduler_waiting_.store(scheduler.waiting());
+    scheduler_running_.store(scheduler.running());
+    {
+      // Free pages of the pool that bounds how many tokens fit: INT2 history for split
+      // formats, BF16 otherwise.
+      const engine::KvCache& cache = engine_->cache();
+      free_pages_.store(cache.int2_pool() != nullptr ? cache.free_int2_slots()
+                                                     : cache.free_bf16_slots());
+    }
     metrics_->running.Get().Set(scheduler.running());
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -324,9 +419,76 @@ void DecodeService::EngineLoop() {
   }
 }
 
+v1::RegisterWorkerRequest DecodeService::WorkerDescription(const std::string& address) const {
+  v1::RegisterWorkerRequest r;
+  r.set_worker_id(options_.worker_id);
+  r.set_address(address);
+  r.set_model(options_.model_name);
+  r.set_model_fingerprint(model_fingerprint_);
+  *r.mutable_kv_format() = kv_format_proto_;
+  r.set_capacity_pages(static_cast<uint64_t>(std::max<int64_t>(1, total_pages_.load())));
+  r.set_max_running_requests(static_cast<uint32_t>(max_running_));
+  r.set_server_version(kServerVersion);
+  return r;
+}
+
+int64_t DecodeService::DemotedPages(int64_t tokens) const {
+  if (!split_layout_) return 0;
+  const kernels::SplitSegments s = kernels::SegmentsAt(layout_, tokens);
+  return (s.sink + s.history) / layout_.page_tokens;
+}
+
+WorkerLoadSample DecodeService::LoadSample() const {
+  WorkerLoadSample s;
+  s.running_requests = scheduler_running_.load();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.waiting_requests = scheduler_waiting_.load() + static_cast<int>(submits_.size());
+  }
+  s.free_pages = free_pages_.load();
+  s.total_pages = total_pages_.load();
+  s.generated_tokens = generated_tokens_.load();
+  s.prefilled_tokens = prefilled_tokens_.load();
+  return s;
+}
+
+void DecodeService::StoreLocal(const std::string& request_id,
+                               const std::vector<engine::ExportedPage>& pages) {
+  if (local_pages_ == nullptr || pages.empty()) return;
+  // One primary form per key, as a kvstore Fetch without an encoding returns it: INT2 when the
+  // page came in both forms (the BF16 one is then only its recent-window copy), else the one.
+  std::vector<const engine::ExportedPage*> primary;
+  for (const engine::ExportedPage& e : pages) {
+    if (e.page_index < 0) continue;
+    if (e.page_index >= static_cast<int64_t>(primary.size())) primary.resize(e.page_index + 1);
+    const engine::ExportedPage*& slot = primary[e.page_index];
+    if (slot == nullptr || slot->encoding == kernels::PageEncoding::kBf16) slot = &e;
+  }
+  std::vector<LocalPage> chain;
+  for (const engine::ExportedPage* e : primary) {
+    if (e == nullptr) break;  // a gap: only the leading run is a chain
+    chain.push_back(
+        {.key = e->key, .int2 = e->encoding != kernels::PageEncoding::kBf16, .bytes = e->bytes});
+  }
+  const LocalPageCache::PutResult put = local_pages_->PutChain(chain);
+  if (put.evicted > 0) {
+    metrics_->local_cache_evictions.Get().Increment(put.evicted);
+    fprintf(stderr,
+            "kvstrata-decode: request %s: local page tier full, evicted %d pages for %d new ones\n",
+            request_id.c_str(), put.evicted, put.stored);
+  }
+  if (put.refused > 0) {
+    fprintf(stderr,
+            "kvstrata-decode: request %s: %d pages larger than the local page tier, not kept\n",
+            request_id.c_str(), put.refused);
+  }
+  UpdateLocalGauges(local_pages_.get(), *metrics_);
+}
+
 std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& request_id,
-                                                          const std::vector<PageKey>& keys) {
-  if (ring_ == nullptr || keys.empty()) return {};
+                                                          const std::vector<PageKey>& keys,
+                                                          size_t skip) {
+  if (ring_ == nullptr || keys.empty() || skip >= keys.size()) return {};
   kvstore::KvStoreClient* client;
   {
     std::lock_guard<std::mutex> lock(ring_mu_);
@@ -340,9 +502,9 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
             request_id.c_str(), client->address().c_str(), lookup.status().ToString().c_str());
     return {};
   }
-  if (lookup->matched_pages == 0) return {};
+  if (lookup->matched_pages <= skip) return {};
   std::vector<std::pair<PageKey, v1::PageEncoding>> refs;
-  for (uint32_t i = 0; i < lookup->matched_pages && i < keys.size(); ++i) {
+  for (size_t i = skip; i < lookup->matched_pages && i < keys.size(); ++i) {
     refs.push_back({keys[i], v1::PAGE_ENCODING_UNSPECIFIED});
   }
   absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lookup->lease_id);
@@ -539,7 +701,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   if (absl::Status s = engine::ValidateStopOptions(g.stop, vocab_size_); !s.ok()) {
     return reject(absl::InvalidArgumentError(absl::StrCat("stop: ", s.message())));
   }
-  g.publish_pages = ring_ != nullptr;
+  g.publish_pages = ring_ != nullptr || local_pages_ != nullptr;
 
   // Register the request id (ALREADY_EXISTS for a duplicate in flight).
   auto channel = std::make_shared<RequestChannel>();
@@ -603,9 +765,31 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       keys.push_back(parent);
     }
   }
+  // The leading run held locally, then the kvstore for the pages right after it.
+  size_t usable_pages = keys.size();
+  if (local_pages_ != nullptr) {
+    std::vector<LocalPage> run = local_pages_->GetPrefix(keys);
+    // A page held only as BF16 (it was in a recent window) cannot be imported as history: stop
+    // the import where that page would become history, or the engine refuses all of it.
+    for (size_t p = sink_pages_; p < run.size(); ++p) {
+      if (run[p].int2) continue;
+      while (usable_pages > 0 && DemotedPages(static_cast<int64_t>(usable_pages) * page_tokens_) >
+                                     static_cast<int64_t>(p)) {
+        --usable_pages;
+      }
+      break;
+    }
+    if (run.size() > usable_pages) run.resize(usable_pages);
+    for (LocalPage& page : run) g.cached_pages.push_back(std::move(page.bytes));
+  }
+  const int local_pages = static_cast<int>(g.cached_pages.size());
   const absl::Time fetch_start = absl::Now();
-  g.cached_pages = FetchCachedPrefix(request_id, keys);
-  const int fetched_tokens = static_cast<int>(g.cached_pages.size()) * page_tokens_;
+  std::vector<std::string> fetched =
+      FetchCachedPrefix(request_id, std::vector<PageKey>(keys.begin(), keys.begin() + usable_pages),
+                        g.cached_pages.size());
+  const int kvstore_pages = static_cast<int>(fetched.size());
+  for (std::string& page : fetched) g.cached_pages.push_back(std::move(page));
+  const int fetched_tokens = (local_pages + kvstore_pages) * page_tokens_;
   const absl::Duration fetch_time = absl::Now() - fetch_start;
 
   // Queue for the engine.
@@ -690,12 +874,16 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       }
       pending.set_worker_id(options_.worker_id);
       v1::Usage* usage = pending.mutable_usage();
+      // The engine imports the pages in order, local run first; when it refused them
+      // (cache_rejected) it imported none and cached is 0.
       const int cached = e.cached_tokens;
+      const int cached_local = std::min(cached, local_pages * page_tokens_);
+      const int cached_kvstore = cached - cached_local;
       const int recomputed = std::max(0, fetched_tokens - cached);
       usage->set_prompt_tokens(e.prompt_tokens);
       usage->set_completion_tokens(e.generated_tokens);
-      usage->set_cached_local_tokens(0);
-      usage->set_cached_kvstore_tokens(cached);
+      usage->set_cached_local_tokens(cached_local);
+      usage->set_cached_kvstore_tokens(cached_kvstore);
       usage->set_recomputed_tokens(recomputed);
       usage->set_uncached_tokens(std::max(0, e.prompt_tokens - cached - recomputed));
       usage->set_inexact_recent_window_tokens(e.recent_window_from_int2_pages * page_tokens_);
@@ -713,10 +901,13 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       write(pending);
 
       metrics_->requests.With({v1::FinishReason_Name(ToProto(e.finish))}).Increment();
-      metrics_->prompt_tokens.With({"kvstore"}).Increment(cached);
+      metrics_->prompt_tokens.With({"local"}).Increment(cached_local);
+      metrics_->prompt_tokens.With({"kvstore"}).Increment(cached_kvstore);
       metrics_->prompt_tokens.With({"none"}).Increment(e.prompt_tokens - cached);
       metrics_->generated_tokens.Get().Increment(e.generated_tokens);
+      prefilled_tokens_.fetch_add(std::max(0, e.prompt_tokens - cached));
       metrics_->e2e.Get().Observe(absl::ToDoubleSeconds(end - start));
+      StoreLocal(request_id, e.published_pages);
       if (!e.published_pages.empty() && ring_ != nullptr) {
         {
           std::lock_guard<std::mutex> lock(publish_mu_);
@@ -768,15 +959,14 @@ grpc::Status DecodeService::GetServerInfo(grpc::ServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) {
   response->set_role("worker");
-  response->set_server_version("0.1.0");
+  response->set_server_version(kServerVersion);
   response->set_api_version("kvstrata.v1");
   response->set_model(options_.model_name);
   response->set_model_fingerprint(model_fingerprint_);
   for (int32_t id : eos_token_ids_) response->add_eos_token_ids(static_cast<uint32_t>(id));
   response->set_vocab_size(static_cast<uint32_t>(vocab_size_));
   response->set_has_chat_template(has_chat_template_);
-  response->mutable_kv_format()->set_name(kv_format_);
-  response->mutable_kv_format()->set_page_size_tokens(static_cast<uint32_t>(page_tokens_));
+  *response->mutable_kv_format() = kv_format_proto_;
   response->set_max_context_tokens(static_cast<uint32_t>(max_context_));
   response->set_max_n(1);
   response->set_max_stop_strings(kMaxStopStrings);

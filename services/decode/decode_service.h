@@ -6,15 +6,16 @@
 // receive their events through a per-request channel (mutex + condition variable).
 //
 // Per Generate: validate (INVALID_ARGUMENT naming the field), tokenise, compute the prompt's page
-// keys in the request's namespace, ask the kvstore (if any) for the longest cached prefix and
-// fetch it within the client's deadlines (any store error is a miss, never a failed request),
-// submit with those pages (resubmitting without them if the engine rejects them), stream tokens,
-// and end with finish reason, Usage and Timings. The finished sequence's pages are published to
+// keys in the request's namespace, take the leading run of them held in the local page tier
+// (LocalPageCache, host memory), then ask the kvstore (if any) for the longest cached prefix and
+// fetch the pages beyond the local run within the client's deadlines (any store error is a
+// miss, never a failed request), submit with those pages (resubmitting without them if the
+// engine rejects them), stream tokens, and end with finish reason, Usage (cached tokens split by
+// tier) and Timings. The finished sequence's pages go into the local tier, and are published to
 // the kvstore from a background thread so the stream is not delayed.
 //
-// Thread-safety: gRPC calls the handlers concurrently; everything shared is behind mu_ or in
-// the engine thread. Limits: n = 1, no prompt logprobs, no local-page tier (cached tokens come
-// only from the kvstore).
+// Thread-safety: gRPC calls the handlers concurrently; everything shared is behind mu_, in the
+// (internally locked) local tier, or in the engine thread. Limits: n = 1, no prompt logprobs.
 
 #include <atomic>
 #include <condition_variable>
@@ -32,6 +33,8 @@
 #include "core/metrics.h"
 #include "engine/engine.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
+#include "services/decode/local_pages.h"
+#include "services/decode/registration.h"
 #include "services/kvstore/client.h"
 
 namespace kvstrata::decode {
@@ -44,6 +47,8 @@ struct DecodeServiceOptions {
   // kvstore addresses behind a consistent-hash ring; empty = no kvstore (every prefix a miss).
   std::vector<std::string> kvstore_addresses;
   kvstore::KvStoreClientOptions kvstore_client;
+  // Capacity of the local page tier in bytes; 0 = no local tier.
+  int64_t local_cache_bytes = int64_t{256} << 20;
   // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
   // answers RESOURCE_EXHAUSTED.
   int max_queued_requests = 64;
@@ -77,6 +82,21 @@ class DecodeService final : public v1::Generation::Service {
   // Blocks until every publish queued so far has been sent (or failed). For tests and shutdown.
   void WaitForPublishes();
 
+  // The local page tier; null when local_cache_bytes is 0.
+  LocalPageCache* local_pages() { return local_pages_.get(); }
+  // The load reported to the router (thread-safe; as of the engine thread's last step).
+  WorkerLoadSample LoadSample() const;
+  // What registration and GetServerInfo say about this worker's KV cache: every KvFormat field
+  // the engine knows, rotation_digest as 32 raw bytes (empty for identity rotations). With the
+  // model fingerprint it lets a router reproduce Engine::PageNamespace (docs/hashing.md).
+  const v1::KvFormat& kv_format() const { return kv_format_proto_; }
+  const std::string& model_fingerprint() const { return model_fingerprint_; }
+  int64_t capacity_pages() const { return total_pages_.load(); }
+  int max_running_requests() const { return max_running_; }
+  // RegisterWorker's fields for this worker served at `address` (all but incarnation and
+  // local_page_keys, which RouterRegistration fills).
+  v1::RegisterWorkerRequest WorkerDescription(const std::string& address) const;
+
  private:
   struct PendingSubmit {
     engine::GenerationRequest request;
@@ -94,10 +114,17 @@ class DecodeService final : public v1::Generation::Service {
 
   void EngineLoop();
   void PublishLoop();
-  // The longest prefix of `keys` the kvstore holds, fetched; empty on a miss or store error.
+  // The pages keys[skip..n) where keys[0..n) is the longest prefix the kvstore holds, fetched;
+  // empty on a miss, a store error or n <= skip. The lookup is always of the whole list: a
+  // chain lives on the node chosen by its first key and is anchored at page 0.
   std::vector<std::string> FetchCachedPrefix(const std::string& request_id,
-                                             const std::vector<PageKey>& keys);
+                                             const std::vector<PageKey>& keys, size_t skip);
+  // Puts a finished sequence's pages (primary forms) into the local tier.
+  void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
+  // Pages [0, n) of a sequence of `tokens` tokens that are past the sink and in INT2 history
+  // (KvCache::DemotedPagesEnd), or 0 when the format has no history.
+  int64_t DemotedPages(int64_t tokens) const;
   void RequestCancel(uint64_t sequence_id, engine::FinishReason reason);
 
   std::unique_ptr<engine::Engine> engine_;  // touched only by the engine thread after start
@@ -107,15 +134,22 @@ class DecodeService final : public v1::Generation::Service {
   const int page_tokens_;
   const int max_context_;
   const int vocab_size_;
-  const std::string kv_format_;
   const bool has_chat_template_;
   const std::string model_fingerprint_;
   const std::vector<int32_t> eos_token_ids_;
+  const int max_running_;
+  // The split layout (sink, recent window), for which cached pages must be INT2.
+  const bool split_layout_;
+  const kernels::SplitLayout layout_;
+  const size_t sink_pages_;
+  v1::KvFormat kv_format_proto_;
+
+  std::unique_ptr<LocalPageCache> local_pages_;  // null without a local tier
 
   std::mutex ring_mu_;
   std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable engine_cv_;
   std::deque<std::function<void()>> tasks_;  // run on the engine thread (PageNamespace)
   std::deque<PendingSubmit> submits_;
@@ -134,6 +168,11 @@ class DecodeService final : public v1::Generation::Service {
   std::atomic<int64_t> kv_bytes_in_use_{0};
   std::atomic<int> active_sequences_{0};
   std::atomic<int> scheduler_waiting_{0};
+  std::atomic<int> scheduler_running_{0};
+  std::atomic<int64_t> free_pages_{0};
+  std::atomic<int64_t> total_pages_{0};
+  std::atomic<int64_t> generated_tokens_{0};
+  std::atomic<int64_t> prefilled_tokens_{0};
 
   std::thread engine_thread_;
   std::thread publish_thread_;

@@ -1,6 +1,6 @@
-// kvstrata-decode: serves kvstrata.v1.Generation on one engine, with a kvstore prefix cache and
-// Prometheus metrics on /metrics. `kvstrata-decode --help` lists the flags; docs/decode.md
-// explains them.
+// kvstrata-decode: serves kvstrata.v1.Generation on one engine, with a local page tier, a kvstore
+// prefix cache, registration with the router and Prometheus metrics on /metrics. `kvstrata-decode
+// --help` lists the flags; docs/decode.md explains them.
 
 #include <signal.h>
 #include <unistd.h>
@@ -47,7 +47,20 @@ ABSL_FLAG(std::string, rotations, "",
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
 ABSL_FLAG(std::string, kvstore, "",
           "Comma-separated kvstore addresses (HOST:PORT); empty: no kvstore.");
-ABSL_FLAG(std::string, worker_id, "decode-0", "Identity reported as worker_id.");
+ABSL_FLAG(int, local_cache_mb, 256,
+          "Local page tier: MiB of host memory keeping finished requests' pages for reuse by "
+          "later requests on this worker (LRU, leaves before their ancestors); 0: off.");
+ABSL_FLAG(std::string, router, "",
+          "HOST:PORT of the router's WorkerRegistry to register with and heartbeat to; empty: "
+          "no registration. An unreachable router is retried every interval; serving goes on.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "HOST:PORT the router should dial for Generation (default: the address actually bound "
+          "for --listen, e.g. 127.0.0.1:50071).");
+ABSL_FLAG(uint32_t, router_rpc_deadline_ms, 500,
+          "Deadline of each RegisterWorker / Heartbeat call (capped at half the heartbeat "
+          "interval the router asks for).");
+ABSL_FLAG(std::string, worker_id, "decode-0",
+          "Identity reported as worker_id (and to the router).");
 ABSL_FLAG(int, max_queued_requests, 64, "Queued requests before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight RPCs may finish before being cancelled.");
@@ -60,6 +73,9 @@ struct DecodeConfig {
   std::string metrics_listen;
   engine::EngineOptions engine;
   DecodeServiceOptions service;
+  std::string router;
+  std::string advertise_address;
+  absl::Duration router_rpc_deadline;
   absl::Duration shutdown_grace;
 };
 
@@ -87,6 +103,25 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     }
     config.service.kvstore_addresses.emplace_back(a);
   }
+  const int local_mb = absl::GetFlag(FLAGS_local_cache_mb);
+  if (local_mb < 0 || local_mb > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--local_cache_mb=", local_mb, ": must be in [0, 1048576]"));
+  }
+  config.service.local_cache_bytes = int64_t{local_mb} << 20;
+  config.router = absl::GetFlag(FLAGS_router);
+  if (!config.router.empty() && !absl::StrContains(config.router, ':')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--router: '", config.router, "' is not HOST:PORT"));
+  }
+  config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  if (!config.advertise_address.empty() && !absl::StrContains(config.advertise_address, ':')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--advertise_address: '", config.advertise_address, "' is not HOST:PORT"));
+  }
+  const uint32_t deadline_ms = absl::GetFlag(FLAGS_router_rpc_deadline_ms);
+  if (deadline_ms < 1) return absl::InvalidArgumentError("--router_rpc_deadline_ms: must be >= 1");
+  config.router_rpc_deadline = absl::Milliseconds(deadline_ms);
   config.service.worker_id = absl::GetFlag(FLAGS_worker_id);
   if (config.service.worker_id.empty()) {
     return absl::InvalidArgumentError("--worker_id: must not be empty");
@@ -159,15 +194,30 @@ int Run(DecodeConfig config) {
   (*server)->SetServingStatus("kvstrata.v1.Generation", true);
   fprintf(stderr,
           "kvstrata-decode: serving kvstrata.v1.Generation on %s (model %s, kv format %s, "
-          "%zu kvstore(s)); metrics on %s\n",
+          "local page tier %lld MiB, %zu kvstore(s), router %s); metrics on %s\n",
           (*server)->address().c_str(), config.service.model_name.c_str(), kv_format.c_str(),
+          static_cast<long long>(config.service.local_cache_bytes >> 20),
           config.service.kvstore_addresses.size(),
+          config.router.empty() ? "(none)" : config.router.c_str(),
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+
+  std::unique_ptr<RouterRegistration> registration;
+  if (!config.router.empty()) {
+    RouterRegistrationOptions r;
+    r.router_address = config.router;
+    r.rpc_deadline = config.router_rpc_deadline;
+    r.worker = service.WorkerDescription(
+        config.advertise_address.empty() ? (*server)->address() : config.advertise_address);
+    registration = std::make_unique<RouterRegistration>(
+        r, service.local_pages(), [&service] { return service.LoadSample(); });
+  }
 
   std::thread waiter([&] {
     const int signal = WaitForShutdownSignal();
     fprintf(stderr, "kvstrata-decode: signal %d, shutting down (grace %s)\n", signal,
             absl::FormatDuration(config.shutdown_grace).c_str());
+    // Tell the router first, so it sends nothing new while in-flight requests finish.
+    if (registration != nullptr) registration->Drain();
     (*server)->Shutdown(config.shutdown_grace);
   });
   (*server)->Wait();
@@ -182,10 +232,14 @@ int Run(DecodeConfig config) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kvstrata-decode: a decode worker (kvstrata.v1.Generation) on one model.\n"
-      "Fetches cached prompt prefixes from the kvstore(s) in --kvstore, publishes finished\n"
-      "sequences' pages there, and exports kvstrata_decode_* metrics on --metrics_listen.\n"
-      "SIGINT/SIGTERM stop it cleanly.\n\n"
-      "usage: kvstrata-decode [--listen=HOST:PORT] [--model=PATH] [--kvstore=HOST:PORT,...] ...");
+      "Reuses cached prompt prefixes from two tiers: its own local page tier (host memory,\n"
+      "--local_cache_mb) and then the kvstore(s) in --kvstore; keeps finished sequences'\n"
+      "pages locally and publishes them to the kvstore. With --router it registers with the\n"
+      "router and heartbeats its load and local page keys. Exports kvstrata_decode_* metrics\n"
+      "on --metrics_listen. SIGINT/SIGTERM stop it cleanly (draining: the router is told\n"
+      "first, in-flight requests get --shutdown_grace_ms). docs/decode.md has the details.\n\n"
+      "usage: kvstrata-decode [--listen=HOST:PORT] [--model=PATH] [--kvstore=HOST:PORT,...]\n"
+      "                       [--router=HOST:PORT] [--local_cache_mb=N] ...");
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "services/decode/main.cc");

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/metrics.h"
@@ -25,6 +26,7 @@
 #include "rpc/server.h"
 #include "services/kvstore/kvstore_service.h"
 #include "services/kvstore/page_store.h"
+#include "tests/services/decode_fake_registry.h"
 
 namespace kvstrata::decode {
 namespace {
@@ -55,10 +57,14 @@ struct DecodeInstance {
   std::unique_ptr<DecodeService> service;
   std::unique_ptr<rpc::Server> server;
   std::unique_ptr<v1::Generation::Stub> stub;
+  // The engine's own PageNamespace("") and PageNamespace("tenant-a").
+  PageKey namespace_unsalted;
+  PageKey namespace_salted;
 };
 
 std::unique_ptr<DecodeInstance> StartDecode(std::vector<std::string> kvstores,
-                                            const std::string& worker_id) {
+                                            const std::string& worker_id,
+                                            int64_t local_cache_bytes = 0) {
   const char* model = std::getenv("KVSTRATA_MODEL");
   if (model == nullptr || *model == '\0') return nullptr;
   engine::EngineOptions o;
@@ -71,8 +77,11 @@ std::unique_ptr<DecodeInstance> StartDecode(std::vector<std::string> kvstores,
     return nullptr;
   }
   auto d = std::make_unique<DecodeInstance>();
+  d->namespace_unsalted = *(*engine)->PageNamespace("");
+  d->namespace_salted = *(*engine)->PageNamespace("tenant-a");
   DecodeServiceOptions options;
   options.worker_id = worker_id;
+  options.local_cache_bytes = local_cache_bytes;
   options.kvstore_addresses = std::move(kvstores);
   options.kvstore_client.lookup_deadline = absl::Milliseconds(500);
   d->service = std::make_unique<DecodeService>(*std::move(engine), options, &d->registry);
@@ -316,6 +325,175 @@ TEST(DecodeServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
   r = Chat("", "Hi", 4);
   r.mutable_token_ids()->add_ids(1u << 30);
   expect_invalid(r, "token_ids.ids[0]");
+}
+
+constexpr int64_t kLocalTier = int64_t{64} << 20;
+
+TEST(DecodeServiceTest, SecondIdenticalRequestReusesTheLocalTierWithTheSameGreedyText) {
+  std::unique_ptr<DecodeInstance> d = StartDecode({}, "w7", kLocalTier);
+  REQUIRE_INSTANCE(d);
+  const v1::GenerateRequest request =
+      Chat(LongSystemPrompt(), "In one sentence, what is this license about?", 8);
+  const Result a = Call(*d->stub, request);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_TRUE(a.has_usage);
+  EXPECT_EQ(a.usage.cached_local_tokens(), 0u);
+  ASSERT_GT(d->service->local_pages()->pages(), 2);
+
+  const Result b = Call(*d->stub, request);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  ASSERT_TRUE(b.has_usage);
+  EXPECT_GT(b.usage.cached_local_tokens(), 2u * 64);
+  EXPECT_EQ(b.usage.cached_local_tokens() % 64, 0u);
+  EXPECT_EQ(b.usage.cached_kvstore_tokens(), 0u);
+  EXPECT_EQ(b.usage.recomputed_tokens(), 0u);
+  EXPECT_EQ(b.usage.cached_local_tokens() + b.usage.uncached_tokens(), b.usage.prompt_tokens());
+  EXPECT_EQ(b.text, a.text);
+  EXPECT_EQ(b.tokens, a.tokens);
+  const std::string metrics = d->registry.Render();
+  EXPECT_NE(metrics.find("kvstrata_decode_prompt_tokens_total{tier=\"local\"} " +
+                         std::to_string(b.usage.cached_local_tokens())),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(
+      metrics.find("kvstrata_decode_local_cache_capacity_bytes " + std::to_string(kLocalTier)),
+      std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find("kvstrata_decode_local_cache_pages 0\n"), std::string::npos) << metrics;
+}
+
+// Token ids that are not a text: the test controls every page boundary.
+std::vector<uint32_t> Tokens(int n, uint32_t seed) {
+  std::vector<uint32_t> ids;
+  for (int i = 0; i < n; ++i)
+    ids.push_back(100 + (seed + static_cast<uint32_t>(i) * 7919u) % 20000);
+  return ids;
+}
+
+v1::GenerateRequest TokenRequest(const std::vector<uint32_t>& ids, int max_tokens) {
+  v1::GenerateRequest r;
+  for (uint32_t id : ids) r.mutable_token_ids()->add_ids(id);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_stop()->set_max_tokens(max_tokens);
+  r.mutable_stop()->set_ignore_eos(true);
+  return r;
+}
+
+TEST(DecodeServiceTest, LocalRunFirstThenTheKvStoreForThePagesAfterIt) {
+  std::unique_ptr<KvStoreInstance> store = StartKvStore();
+  ASSERT_NE(store, nullptr);
+  std::unique_ptr<DecodeInstance> first = StartDecode({store->server->address()}, "w8", 0);
+  REQUIRE_INSTANCE(first);
+  std::unique_ptr<DecodeInstance> second =
+      StartDecode({store->server->address()}, "w9", kLocalTier);
+  REQUIRE_INSTANCE(second);
+  // P: 6 cacheable pages. Q shares P's first 2 pages, then goes elsewhere for 300 tokens (long
+  // enough that page 1 is INT2 history when Q ends, as an import of P's 6 pages needs). Both
+  // stay within 7 pages, what this test engine's BF16 pool admits.
+  const std::vector<uint32_t> p = Tokens(6 * 64 + 20, 1);
+  std::vector<uint32_t> q(p.begin(), p.begin() + 2 * 64);
+  for (uint32_t id : Tokens(300, 5)) q.push_back(id + 20000);
+
+  const Result a = Call(*first->stub, TokenRequest(p, 4));  // computes P, publishes it
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  first->service->WaitForPublishes();
+  const Result qr = Call(*second->stub, TokenRequest(q, 4));  // leaves Q's pages local
+  ASSERT_TRUE(qr.status.ok()) << qr.status.error_message();
+  second->service->WaitForPublishes();
+  ASSERT_EQ(second->service->local_pages()->pages(), 6);
+
+  const Result b = Call(*second->stub, TokenRequest(p, 4));
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  ASSERT_TRUE(b.has_usage);
+  EXPECT_EQ(b.usage.cached_local_tokens(), 2u * 64);
+  EXPECT_EQ(b.usage.cached_kvstore_tokens(), 4u * 64);
+  EXPECT_EQ(b.usage.recomputed_tokens(), 0u);
+  EXPECT_EQ(b.usage.uncached_tokens(), 20u);
+  EXPECT_EQ(b.tokens, a.tokens);
+}
+
+TEST(DecodeServiceTest, ServerInfoLetsARouterReproduceThePageNamespace) {
+  std::unique_ptr<DecodeInstance> d = StartDecode({}, "w10");
+  REQUIRE_INSTANCE(d);
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(d->stub->GetServerInfo(&context, {}, &info).ok());
+  const v1::KvFormat& f = info.kv_format();
+  EXPECT_EQ(f.quantization(), v1::KV_QUANTIZATION_INT2_UNIFORM);
+  EXPECT_EQ(f.rotation_digest().size(), 32u);  // the repository's rotation file for this model
+  EXPECT_GT(f.num_layers(), 0u);
+  EXPECT_GT(f.num_kv_heads(), 0u);
+  EXPECT_EQ(f.sink_tokens(), 64u);
+  EXPECT_GE(f.recent_window_tokens(), 256u);
+  EXPECT_GT(f.int2_page_bytes(), 0u);
+  EXPECT_GT(f.bf16_page_bytes(), f.int2_page_bytes());
+  // What the router does (core/radix_hash.h, docs/hashing.md), from the response alone.
+  auto router_namespace = [&](const std::string& salt) {
+    HashNamespace ns;
+    ns.model_fingerprint = info.model_fingerprint();
+    ns.kv_format = f.name();
+    ns.rotation_digest =
+        f.rotation_digest().empty() ? "identity" : absl::BytesToHexString(f.rotation_digest());
+    ns.page_tokens = f.page_size_tokens();
+    ns.cache_salt = salt;
+    return NamespaceKey(ns);
+  };
+  absl::StatusOr<PageKey> unsalted = router_namespace("");
+  ASSERT_TRUE(unsalted.ok()) << unsalted.status();
+  EXPECT_EQ(*unsalted, d->namespace_unsalted);
+  absl::StatusOr<PageKey> salted = router_namespace("tenant-a");
+  ASSERT_TRUE(salted.ok()) << salted.status();
+  EXPECT_EQ(*salted, d->namespace_salted);
+}
+
+TEST(DecodeServiceTest, RegistersWithTheRouterAndHeartbeatsTheLocalPagesOfARequest) {
+  std::unique_ptr<DecodeInstance> d = StartDecode({}, "w11", kLocalTier);
+  REQUIRE_INSTANCE(d);
+  FakeWorkerRegistry router;
+  absl::StatusOr<std::unique_ptr<rpc::Server>> router_server =
+      rpc::Server::Start({.listen_address = "127.0.0.1:0", .services = {&router}});
+  ASSERT_TRUE(router_server.ok()) << router_server.status();
+  RouterRegistrationOptions options;
+  options.router_address = (*router_server)->address();
+  options.initial_interval = absl::Milliseconds(100);
+  options.worker = d->service->WorkerDescription(d->server->address());
+  DecodeService* service = d->service.get();
+  RouterRegistration registration(options, service->local_pages(),
+                                  [service] { return service->LoadSample(); });
+  ASSERT_TRUE(router.WaitFor([](auto& r, auto& h) { return !r.empty() && !h.empty(); }));
+
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(d->stub->GetServerInfo(&context, {}, &info).ok());
+  const v1::RegisterWorkerRequest reg = router.registers()[0];
+  EXPECT_EQ(reg.worker_id(), "w11");
+  EXPECT_EQ(reg.address(), d->server->address());
+  EXPECT_EQ(reg.model(), info.model());
+  EXPECT_EQ(reg.model_fingerprint(), info.model_fingerprint());
+  EXPECT_EQ(reg.kv_format().SerializeAsString(), info.kv_format().SerializeAsString());
+  EXPECT_EQ(reg.server_version(), "0.1.0");
+  EXPECT_GT(reg.capacity_pages(), 0u);
+  EXPECT_GT(reg.max_running_requests(), 0u);
+  EXPECT_NE(reg.incarnation(), 0u);
+  EXPECT_EQ(reg.local_page_keys_size(), 0);
+  const v1::HeartbeatRequest beat = router.heartbeats()[0];
+  EXPECT_EQ(beat.load().total_pages(), reg.capacity_pages());
+  EXPECT_EQ(beat.load().free_pages(), beat.load().total_pages());
+
+  const Result r = Call(*d->stub, Chat(LongSystemPrompt(), "Summarise.", 4));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const int64_t held = service->local_pages()->pages();
+  ASSERT_GT(held, 2);
+  ASSERT_TRUE(router.WaitFor([&](auto&, auto& h) {
+    int64_t stored = 0;
+    for (const v1::HeartbeatRequest& b : h) {
+      stored += b.stored_page_keys_size();
+      EXPECT_EQ(b.removed_page_keys_size(), 0);
+    }
+    return stored == held;
+  })) << "stored keys never reached the router";
+  registration.Drain();
+  EXPECT_TRUE(router.heartbeats().back().load().draining());
 }
 
 }  // namespace

@@ -1,0 +1,186 @@
+#include "services/decode/registration.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace kvstrata::decode {
+namespace {
+
+std::string KeyBytes(const PageKey& key) {
+  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
+}
+
+float Rate(int64_t delta, absl::Duration elapsed) {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  return seconds > 0 ? static_cast<float>(std::max<int64_t>(0, delta) / seconds) : 0.0f;
+}
+
+}  // namespace
+
+RouterRegistration::RouterRegistration(const RouterRegistrationOptions& options,
+                                       LocalPageCache* local_pages,
+                                       std::function<WorkerLoadSample()> load)
+    : options_(options),
+      local_pages_(local_pages),
+      load_(std::move(load)),
+      stub_(v1::WorkerRegistry::NewStub(
+          grpc::CreateChannel(options.router_address, grpc::InsecureChannelCredentials()))),
+      interval_(options.initial_interval) {
+  if (options_.worker.incarnation() == 0) {
+    absl::BitGen gen;
+    options_.worker.set_incarnation(
+        absl::Uniform<uint64_t>(absl::IntervalClosed, gen, 1, UINT64_MAX));
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RouterRegistration::~RouterRegistration() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RouterRegistration::Drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    drain_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RouterRegistration::NoteReachable(bool reachable, const std::string& what) {
+  const int state = reachable ? 1 : 0;
+  if (state == reachable_) return;
+  reachable_ = state;
+  fprintf(stderr, "kvstrata-decode: router %s: %s\n", options_.router_address.c_str(),
+          what.c_str());
+}
+
+void RouterRegistration::Loop() {
+  last_sample_time_ = absl::Now();
+  last_sample_ = load_();
+  bool drain = false;
+  for (;;) {
+    if (!registered_) {
+      Register();
+    } else {
+      Heartbeat(/*draining=*/false);
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_), [&] { return stopping_; });
+    if (stopping_) {
+      drain = drain_;
+      break;
+    }
+  }
+  if (drain && registered_) Heartbeat(/*draining=*/true);
+}
+
+bool RouterRegistration::Register() {
+  v1::RegisterWorkerRequest request = options_.worker;
+  if (local_pages_ != nullptr) {
+    // The snapshot is a checkpoint: from here the journal holds changes relative to it.
+    for (const PageKey& key : local_pages_->TakeSnapshot())
+      request.add_local_page_keys(KeyBytes(key));
+  }
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + std::min(options_.rpc_deadline, interval_ / 2)));
+  v1::RegisterWorkerResponse response;
+  const grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  if (!status.ok()) {
+    NoteReachable(
+        false, absl::StrCat("RegisterWorker failed (", status.error_code(), ": ",
+                            status.error_message(), "); serving anyway, retrying every interval"));
+    return false;
+  }
+  if (response.heartbeat_interval_ms() > 0) {
+    interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+  }
+  registered_ = true;
+  ++registrations_;
+  reachable_ = 1;
+  fprintf(stderr,
+          "kvstrata-decode: registered with router %s (%s) as %s incarnation %llu at %s with "
+          "%d local page keys; heartbeat every %s\n",
+          options_.router_address.c_str(), response.router_id().c_str(),
+          request.worker_id().c_str(), static_cast<unsigned long long>(request.incarnation()),
+          request.address().c_str(), request.local_page_keys_size(),
+          absl::FormatDuration(interval_).c_str());
+  return true;
+}
+
+bool RouterRegistration::Heartbeat(bool draining) {
+  PageKeyChanges changes;
+  if (local_pages_ != nullptr) changes = local_pages_->TakeChanges();
+  if (changes.overflowed && !draining) {
+    fprintf(stderr,
+            "kvstrata-decode: router %s: too many local page changes for a heartbeat; "
+            "registering again with a full snapshot\n",
+            options_.router_address.c_str());
+    registered_ = false;
+    return Register();
+  }
+  v1::HeartbeatRequest request;
+  request.set_worker_id(options_.worker.worker_id());
+  request.set_incarnation(options_.worker.incarnation());
+  const WorkerLoadSample sample = load_();
+  const absl::Time now = absl::Now();
+  v1::WorkerLoad* load = request.mutable_load();
+  load->set_running_requests(static_cast<uint32_t>(std::max(0, sample.running_requests)));
+  load->set_waiting_requests(static_cast<uint32_t>(std::max(0, sample.waiting_requests)));
+  load->set_free_pages(static_cast<uint64_t>(std::max<int64_t>(0, sample.free_pages)));
+  load->set_total_pages(static_cast<uint64_t>(std::max<int64_t>(0, sample.total_pages)));
+  load->set_decode_tokens_per_second(
+      Rate(sample.generated_tokens - last_sample_.generated_tokens, now - last_sample_time_));
+  load->set_prefill_tokens_per_second(
+      Rate(sample.prefilled_tokens - last_sample_.prefilled_tokens, now - last_sample_time_));
+  load->set_draining(draining);
+  last_sample_ = sample;
+  last_sample_time_ = now;
+  for (const PageKey& key : changes.stored) request.add_stored_page_keys(KeyBytes(key));
+  for (const PageKey& key : changes.removed) request.add_removed_page_keys(KeyBytes(key));
+
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(now + std::min(options_.rpc_deadline, interval_ / 2)));
+  v1::HeartbeatResponse response;
+  const grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (status.ok()) {
+    if (response.heartbeat_interval_ms() > 0) {
+      interval_ = absl::Milliseconds(response.heartbeat_interval_ms());
+    }
+    ++accepted_heartbeats_;
+    NoteReachable(true, "heartbeats accepted again");
+    return true;
+  }
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    // The router forgot us (it restarted, or dropped us as silent): the snapshot that comes
+    // with registering again supersedes these changes.
+    fprintf(stderr,
+            "kvstrata-decode: router %s does not know this worker (%s); registering again\n",
+            options_.router_address.c_str(), status.error_message().c_str());
+    registered_ = false;
+    if (draining) return false;
+    return Register();
+  }
+  if (local_pages_ != nullptr) local_pages_->ReturnChanges(changes);
+  NoteReachable(
+      false, absl::StrCat("Heartbeat failed (", status.error_code(), ": ", status.error_message(),
+                          "); serving anyway, retrying every interval"));
+  return false;
+}
+
+}  // namespace kvstrata::decode
