@@ -182,6 +182,7 @@ int RunDemoChat() {
   std::printf("time to first token:");
   for (size_t i = 0; i < ttfts.size(); ++i) std::printf(" #%zu %s", i + 1, ttfts[i].c_str());
   std::printf("\n");
+  std::fflush(stdout);  // keep the summary above the error when both go to one pipe
   if (failures > 0) {
     std::fprintf(stderr, "kvstrata demo-chat: %d of %d request(s) failed\n", failures, requests);
     return 1;
