@@ -16,7 +16,8 @@
 #   KVSTRATA_CLUSTER_ROUTER [1]   0: no router; the decode workers run without --router (for
 #                                 trying the workers and kvstore alone)
 #   KVSTRATA_MODEL                model path for the router and workers (default: theirs)
-#   KVSTRATA_KVSTORE_MB [512]  KVSTRATA_DECODE_KV_MB [768]   cache capacities
+#   KVSTRATA_KVSTORE_MB [512]     kvstore --capacity_mb
+#   KVSTRATA_DECODE_KV_MB         each worker's --kv_cache_mb (default: the worker's own)
 #   KVSTRATA_CLUSTER_TIMEOUT [120]       seconds `up` waits for each process to become healthy
 #   KVSTRATA_CLUSTER_STOP_TIMEOUT [20]   seconds `down` waits after SIGTERM before SIGKILL
 set -euo pipefail
@@ -84,10 +85,11 @@ args_of() {
       echo "${common[@]}" "${model[@]}" --policy=prefix-affinity --router_id=router-0 \
         --kvstore="$host:$kvstore_port" ;;
     decode-*)
-      local router=()
+      local router=() kv_mb=()
       [[ $with_router != 0 ]] && router=(--router="$host:$router_port")
-      echo "${common[@]}" "${model[@]}" --worker_id="$name" --kv_format=int2 \
-        --kv_cache_mb="${KVSTRATA_DECODE_KV_MB:-768}" --kvstore="$host:$kvstore_port" "${router[@]}" ;;
+      [[ -n ${KVSTRATA_DECODE_KV_MB:-} ]] && kv_mb=(--kv_cache_mb="$KVSTRATA_DECODE_KV_MB")
+      echo "${common[@]}" "${model[@]}" --worker_id="$name" --kv_format=int2 "${kv_mb[@]}" \
+        --kvstore="$host:$kvstore_port" "${router[@]}" ;;
   esac
 }
 
@@ -140,6 +142,7 @@ start() {
   binary=$bin/$(binary_of "$name")
   [[ -x $binary ]] || { echo "cluster: $binary not found; build it: scripts/build.sh $(binary_of "$name")" >&2; exit 1; }
   log=$(log_file "$name")
+  echo "--- scripts/cluster.sh: starting $name at $(date '+%F %T') ---" >>"$log"
   # One BLAS thread per worker: two workers share two cores.
   # shellcheck disable=SC2046  # args_of prints flags without spaces in them
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 setsid "$binary" $(args_of "$name") \
