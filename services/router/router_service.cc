@@ -64,6 +64,9 @@ class RouterMetrics {
         worker_free_pages(r->AddGauge("kvstrata_router_worker_free_pages",
                                       "A live worker's free KV pages, as last reported.",
                                       {"worker"})),
+        worker_total_pages(r->AddGauge("kvstrata_router_worker_total_pages",
+                                       "A live worker's KV page capacity, as last reported.",
+                                       {"worker"})),
         registrations(r->AddCounter("kvstrata_router_worker_registrations_total",
                                     "RegisterWorker calls accepted.")),
         dropped(r->AddCounter("kvstrata_router_workers_dropped_total",
@@ -92,6 +95,7 @@ class RouterMetrics {
   Family<Gauge>& workers;
   Family<Gauge>& worker_requests;
   Family<Gauge>& worker_free_pages;
+  Family<Gauge>& worker_total_pages;
   Family<Counter>& registrations;
   Family<Counter>& dropped;
   Family<Gauge>& index_keys;
@@ -317,6 +321,7 @@ void Router::ForgetWorker(const std::string& id) {
   index_.ForgetWorker(id);
   metrics_->worker_requests.With({id}).Set(0);
   metrics_->worker_free_pages.With({id}).Set(0);
+  metrics_->worker_total_pages.With({id}).Set(0);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = worker_states_.find(id);
   if (it != worker_states_.end()) it->second.keeps_local_pages = false;
@@ -345,6 +350,7 @@ void Router::MaintenanceLoop() {
     for (const WorkerInfo& w : live) {
       metrics_->worker_requests.With({w.id}).Set(static_cast<double>(w.load.requests()));
       metrics_->worker_free_pages.With({w.id}).Set(static_cast<double>(w.load.free_pages));
+      metrics_->worker_total_pages.With({w.id}).Set(static_cast<double>(w.load.total_pages));
     }
     metrics_->index_keys.Get().Set(static_cast<double>(index_.size()));
   } while (SleepUnlessStopping(tick));
