@@ -388,8 +388,8 @@ TEST(DecodeServiceTest, LocalRunFirstThenTheKvStoreForThePagesAfterIt) {
       StartDecode({store->server->address()}, "w9", kLocalTier);
   REQUIRE_INSTANCE(second);
   // P: 6 cacheable pages. Q shares P's first 2 pages, then goes elsewhere for 300 tokens (long
-  // enough that page 1 is INT2 history when Q ends, as an import of P's 6 pages needs). Both
-  // stay within 7 pages, what this test engine's BF16 pool admits.
+  // enough that page 1 is INT2 history when Q ends, as an import of P's 6 pages needs). Short
+  // prompts keep this test fast on two cores.
   const std::vector<uint32_t> p = Tokens(6 * 64 + 20, 1);
   std::vector<uint32_t> q(p.begin(), p.begin() + 2 * 64);
   for (uint32_t id : Tokens(300, 5)) q.push_back(id + 20000);
