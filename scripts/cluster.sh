@@ -13,6 +13,7 @@
 #   KVSTRATA_DECODE0_PORT [50071] KVSTRATA_DECODE0_METRICS_PORT [9471]
 #   KVSTRATA_DECODE1_PORT [50072] KVSTRATA_DECODE1_METRICS_PORT [9472]
 #   KVSTRATA_KVSTORE_PORT [50061] KVSTRATA_KVSTORE_METRICS_PORT [9461]
+#   KVSTRATA_ROUTER_POLICY [prefix-affinity]   the router's --policy
 #   KVSTRATA_CLUSTER_ROUTER [1]   0: no router; the decode workers run without --router (for
 #                                 trying the workers and kvstore alone)
 #   KVSTRATA_MODEL                model path for the router and workers (default: theirs)
@@ -82,7 +83,7 @@ args_of() {
     kvstore)
       echo "${common[@]}" --capacity_mb="${KVSTRATA_KVSTORE_MB:-512}" --store_id=kvstore-0 ;;
     router)
-      echo "${common[@]}" "${model[@]}" --policy=prefix-affinity --router_id=router-0 \
+      echo "${common[@]}" "${model[@]}" --policy="${KVSTRATA_ROUTER_POLICY:-prefix-affinity}" --router_id=router-0 \
         --kvstore="$host:$kvstore_port" ;;
     decode-*)
       local router=() kv_mb=()

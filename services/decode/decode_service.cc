@@ -69,7 +69,31 @@ class DecodeMetrics {
         local_cache_pages(
             r->AddGauge("kvstrata_decode_local_cache_pages", "Pages in the local page tier.")),
         local_cache_evictions(r->AddCounter("kvstrata_decode_local_cache_evictions_total",
-                                            "Pages evicted from the local page tier (LRU).")) {}
+                                            "Pages evicted from the local page tier (LRU).")),
+        kv_cache_used_bytes(r->AddGauge("kvstrata_decode_kv_cache_used_bytes",
+                                        "Bytes of the engine's KV page slots in use.")),
+        kv_cache_capacity_bytes(r->AddGauge("kvstrata_decode_kv_cache_capacity_bytes",
+                                            "Capacity of the engine's KV cache in bytes.")),
+        kv_cache_free_pages(r->AddGauge(
+            "kvstrata_decode_kv_cache_free_pages",
+            "Free page slots of the pool that bounds how many tokens fit (INT2 history for "
+            "split formats, BF16 otherwise).")),
+        kv_cache_pages(r->AddGauge("kvstrata_decode_kv_cache_pages",
+                                   "Page slots of that pool in total.")),
+        kvstore_fetch_seconds(r->AddHistogram(
+            "kvstrata_decode_kvstore_fetch_seconds",
+            "Time to look up and fetch a request's cached prefix from the kvstore (hits, misses "
+            "and failures).",
+            LatencyBucketsSeconds())),
+        kvstore_fetched_bytes(r->AddCounter("kvstrata_decode_kvstore_fetched_bytes_total",
+                                            "Page bytes fetched from the kvstore.")) {
+    // Series that exist from the start read as 0 rather than as missing.
+    for (const char* op : {"lookup", "fetch", "put", "import"}) kvstore_errors.With({op});
+    for (const char* tier : {"local", "kvstore", "none"}) prompt_tokens.With({tier});
+    local_cache_evictions.Get();
+    generated_tokens.Get();
+    kvstore_fetched_bytes.Get();
+  }
 
   Family<Counter>& requests;
   Family<Counter>& rejected;
@@ -85,6 +109,12 @@ class DecodeMetrics {
   Family<Gauge>& local_cache_capacity_bytes;
   Family<Gauge>& local_cache_pages;
   Family<Counter>& local_cache_evictions;
+  Family<Gauge>& kv_cache_used_bytes;
+  Family<Gauge>& kv_cache_capacity_bytes;
+  Family<Gauge>& kv_cache_free_pages;
+  Family<Gauge>& kv_cache_pages;
+  Family<Histogram>& kvstore_fetch_seconds;
+  Family<Counter>& kvstore_fetched_bytes;
 };
 
 namespace {
@@ -278,6 +308,11 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
     const bool split = cache.int2_pool() != nullptr;
     total_pages_.store(split ? cache.int2_pool()->num_slots() : cache.bf16_pool().num_slots());
     free_pages_.store(split ? cache.free_int2_slots() : cache.free_bf16_slots());
+    metrics_->kv_cache_capacity_bytes.Get().Set(
+        static_cast<double>(cache.options().capacity_bytes));
+    metrics_->kv_cache_pages.Get().Set(static_cast<double>(total_pages_.load()));
+    metrics_->kv_cache_free_pages.Get().Set(static_cast<double>(free_pages_.load()));
+    metrics_->kv_cache_used_bytes.Get().Set(0);
   }
   if (!options_.kvstore_addresses.empty()) {
     ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
@@ -411,6 +446,8 @@ void DecodeService::EngineLoop() {
       free_pages_.store(cache.int2_pool() != nullptr ? cache.free_int2_slots()
                                                      : cache.free_bf16_slots());
     }
+    metrics_->kv_cache_used_bytes.Get().Set(static_cast<double>(kv_bytes_in_use_.load()));
+    metrics_->kv_cache_free_pages.Get().Set(static_cast<double>(free_pages_.load()));
     metrics_->running.Get().Set(scheduler.running());
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -495,6 +532,14 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
     client = ring_->ForChain(keys[0]);
   }
   if (client == nullptr) return {};
+  const absl::Time start = absl::Now();
+  struct Timer {
+    DecodeMetrics& metrics;
+    absl::Time start;
+    ~Timer() {
+      metrics.kvstore_fetch_seconds.Get().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+  } timer{*metrics_, start};
   absl::StatusOr<kvstore::LookupReply> lookup = client->Lookup(keys, kLookupLeaseMs);
   if (!lookup.ok()) {
     metrics_->kvstore_errors.With({"lookup"}).Increment();
@@ -518,7 +563,12 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
   }
   std::vector<std::string> pages;
   pages.reserve(fetched->size());
-  for (kvstore::FetchedPage& p : *fetched) pages.push_back(std::move(p.bytes));
+  size_t bytes = 0;
+  for (kvstore::FetchedPage& p : *fetched) {
+    bytes += p.bytes.size();
+    pages.push_back(std::move(p.bytes));
+  }
+  metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
   return pages;
 }
 

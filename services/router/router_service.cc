@@ -78,7 +78,22 @@ class RouterMetrics {
                                      {"event"})),
         kvstore_watch_errors(r->AddCounter(
             "kvstrata_router_kvstore_watch_errors_total",
-            "kvstore WatchEvents streams that ended with an error (then reopened).")) {}
+            "kvstore WatchEvents streams that ended with an error (then reopened).")) {
+    // Series that exist from the start read as 0 rather than as missing.
+    for (grpc::StatusCode code :
+         {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::RESOURCE_EXHAUSTED,
+          grpc::StatusCode::INTERNAL, grpc::StatusCode::UNKNOWN, grpc::StatusCode::ABORTED,
+          grpc::StatusCode::UNIMPLEMENTED}) {
+      retries.With({absl::StatusCodeToString(static_cast<absl::StatusCode>(code))});
+    }
+    for (const char* tier : {"local", "kvstore", "none"}) prompt_tokens.With({tier});
+    for (const char* direction : {"over", "under"}) mispredictions.With({direction});
+    for (const char* reason : {"silent", "draining", "identity"}) dropped.With({reason});
+    for (const char* event : {"stored", "removed"}) kvstore_events.With({event});
+    predicted_cached_tokens.Get();
+    generated_tokens.Get();
+    kvstore_watch_errors.Get();
+  }
 
   Family<Counter>& requests;
   Family<Counter>& rejected;

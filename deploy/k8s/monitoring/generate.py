@@ -96,6 +96,10 @@ ROWS = [
             ("kvstrata_router_worker_total_pages - kvstrata_router_worker_free_pages",
              "{{worker}}"),
         ]),
+        ts("Worker KV cache in use", [
+            ("sum by (instance) (kvstrata_decode_kv_cache_used_bytes) / "
+             "sum by (instance) (kvstrata_decode_kv_cache_capacity_bytes)", "{{instance}}"),
+        ], unit="percentunit", max_value=1),
         ts("Local page tier", [
             ("sum by (instance) (kvstrata_decode_local_cache_bytes)", "{{instance}} used"),
             ("sum by (instance) (kvstrata_decode_local_cache_capacity_bytes)",
@@ -118,8 +122,12 @@ ROWS = [
              "local tier pages"),
         ]),
         ts("Fetch bandwidth", [
-            (f"sum(rate(kvstrata_kvstore_fetch_bytes_total[{RATE}]))", "kvstore → workers"),
+            (f"sum(rate(kvstrata_kvstore_fetch_bytes_total[{RATE}]))", "sent by the kvstore"),
+            (f"sum(rate(kvstrata_decode_kvstore_fetched_bytes_total[{RATE}]))",
+             "received by workers"),
         ], unit="Bps"),
+        ts("Prefix lookup + fetch (worker side)",
+           quantiles("kvstrata_decode_kvstore_fetch_seconds"), unit="s"),
         ts("Fetch latency (kvstore side)",
            quantiles("kvstrata_kvstore_request_duration_seconds", '{method="Fetch"}'), unit="s"),
         ts("Worker kvstore errors /s (served as misses)", [
