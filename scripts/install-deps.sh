@@ -12,6 +12,7 @@ packages=(
   libeigen3-dev libopenblas-dev libssl-dev libxxhash-dev
   libcivetweb-dev nlohmann-json3-dev libre2-dev
   prometheus
+  buildah debootstrap  # the CPU container image: scripts/build-image.sh
 )
 
 missing=()
