@@ -466,6 +466,8 @@ v1::RegisterWorkerRequest DecodeService::WorkerDescription(const std::string& ad
   r.set_capacity_pages(static_cast<uint64_t>(std::max<int64_t>(1, total_pages_.load())));
   r.set_max_running_requests(static_cast<uint32_t>(max_running_));
   r.set_server_version(kServerVersion);
+  r.set_local_page_capacity_bytes(
+      static_cast<uint64_t>(local_pages_ != nullptr ? options_.local_cache_bytes : 0));
   return r;
 }
 

@@ -834,7 +834,7 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
     known = !inserted && it->second.incarnation == request->incarnation();
     it->second.incarnation = request->incarnation();
     it->second.identity_checked = true;
-    it->second.keeps_local_pages = !keys->empty();
+    it->second.keeps_local_pages = request->local_page_capacity_bytes() > 0 || !keys->empty();
   }
   r.metrics_->registrations.Get().Increment();
   fprintf(stderr,

@@ -383,6 +383,28 @@ TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThe
             std::string::npos);
 }
 
+TEST_F(RouterServiceTest, AWorkerWithALocalTierHoldsThePromptRightAfterServingIt) {
+  Start({.policy = "prefix-affinity"});
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  v1::RegisterWorkerRequest ra = Registration("a", a.server->address());
+  v1::RegisterWorkerRequest rb = Registration("b", b.server->address());
+  ra.set_local_page_capacity_bytes(1 << 30);
+  rb.set_local_page_capacity_bytes(1 << 30);
+  ASSERT_TRUE(Register(ra).ok());
+  ASSERT_TRUE(Register(rb).ok());
+  v1::GenerateRequest g;
+  g.set_text(Text(4));
+  const Result first = Generate(g);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.messages.back().usage().predicted_cached_tokens(), 0u);
+  // No heartbeat in between: the router counts the served prompt's pages itself.
+  const Result second = Generate(g);
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.messages.back().worker_id(), first.messages.back().worker_id());
+  const size_t pages = (TinyEncoder().EncodeText(Text(4)).size() - 1) / kPage;
+  EXPECT_EQ(second.messages.back().usage().predicted_cached_tokens(), pages * kPage);
+}
+
 TEST_F(RouterServiceTest, WorkerFailingBeforeOutputIsRetriedOnAnother) {
   Start({.policy = "round-robin"});
   Worker bad = StartWorker("a-bad", grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away"));
