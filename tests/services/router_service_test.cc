@@ -54,14 +54,22 @@ class FakeClock final : public Clock {
 // A worker that answers every Generate the same scripted way and records what it was sent.
 class ScriptedWorker final : public v1::Generation::Service {
  public:
-  explicit ScriptedWorker(std::string id, grpc::Status fail = grpc::Status::OK)
-      : id_(std::move(id)), fail_(std::move(fail)) {}
+  explicit ScriptedWorker(std::string id, grpc::Status fail = grpc::Status::OK, bool hang = false)
+      : id_(std::move(id)), fail_(std::move(fail)), hang_(hang) {}
 
-  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest* request,
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       received_.push_back(*request);
+    }
+    if (hang_) {  // a long prefill: no message until cancelled
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
+      while (!context->IsCancelled() && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      cancelled_ = context->IsCancelled();
+      return grpc::Status::CANCELLED;
     }
     if (!fail_.ok()) return fail_;
     v1::GenerateResponse m;
@@ -88,10 +96,13 @@ class ScriptedWorker final : public v1::Generation::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return received_;
   }
+  bool cancelled() const { return cancelled_.load(); }
 
  private:
   const std::string id_;
   const grpc::Status fail_;
+  const bool hang_;
+  std::atomic<bool> cancelled_{false};
   std::mutex mu_;
   std::vector<v1::GenerateRequest> received_;
 };
@@ -101,9 +112,10 @@ struct Worker {
   std::unique_ptr<rpc::Server> server;
 };
 
-Worker StartWorker(const std::string& id, grpc::Status fail = grpc::Status::OK) {
+Worker StartWorker(const std::string& id, grpc::Status fail = grpc::Status::OK,
+                   bool hang = false) {
   Worker w;
-  w.service = std::make_unique<ScriptedWorker>(id, std::move(fail));
+  w.service = std::make_unique<ScriptedWorker>(id, std::move(fail), hang);
   absl::StatusOr<std::unique_ptr<rpc::Server>> s =
       rpc::Server::Start({.listen_address = "127.0.0.1:0", .services = {w.service.get()}});
   EXPECT_TRUE(s.ok()) << s.status();
@@ -421,6 +433,50 @@ TEST_F(RouterServiceTest, WorkerFailingBeforeOutputIsRetriedOnAnother) {
   EXPECT_GE(bad.service->received().size(), 1u);
   EXPECT_NE(registry_.Render().find("kvstrata_router_retries_total{code=\"UNAVAILABLE\"}"),
             std::string::npos);
+}
+
+TEST_F(RouterServiceTest, ClientCancellationReachesTheWorkerBeforeItsFirstToken) {
+  Start({});
+  Worker w = StartWorker("slow", grpc::Status::OK, /*hang=*/true);
+  ASSERT_TRUE(Register(Registration("slow", w.server->address())).ok());
+  v1::GenerateRequest g;
+  g.set_text("hello");
+  grpc::ClientContext c;
+  auto reader = gen_stub_->Generate(&c, g);
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (w.service->received().empty() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(w.service->received().size(), 1u);
+  const absl::Time cancelled_at = absl::Now();
+  c.TryCancel();
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  while (!w.service->cancelled() && absl::Now() < cancelled_at + absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(w.service->cancelled());
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(2));
+}
+
+TEST_F(RouterServiceTest, DeadlineIsPassedToTheWorker) {
+  Start({});
+  Worker w = StartWorker("slow", grpc::Status::OK, /*hang=*/true);
+  ASSERT_TRUE(Register(Registration("slow", w.server->address())).ok());
+  v1::GenerateRequest g;
+  g.set_text("hello");
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  auto reader = gen_stub_->Generate(&c, g);
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (!w.service->cancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(w.service->cancelled());  // the worker's call ended at the same deadline
 }
 
 TEST_F(RouterServiceTest, RequestErrorsFromTheWorkerAreNotRetried) {
