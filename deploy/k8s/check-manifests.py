@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Checks rendered kvstrata manifests offline: schemas and the project's deployment rules.
+
+  kubectl kustomize deploy/k8s/overlays/gpu | deploy/k8s/check-manifests.py --gpu -
+
+1. Every object validates against the Kubernetes JSON schemas of --kubernetes-version, strictly
+   (an unknown field is an error), with the kubernetes-validate package (deploy/k8s/
+   requirements.txt). Prometheus Operator objects (monitoring.coreos.com/v1) have no schema
+   there; their required structure is checked here. Any other kind without a schema fails.
+2. Rules the schemas cannot express: every container has gRPC probes, requests and limits, and
+   the non-root security context; the grace period covers --shutdown_grace_ms; every workload
+   has a PodDisruptionBudget selecting it; references (ConfigMaps and their keys, Service
+   selectors and ports, HPA targets, monitors) resolve; KVSTORE_ADDRESSES names every kvstore
+   pod; nvidia.com/gpu only where --gpu says.
+
+Prints one line per problem and exits 1 if there is any. Needs PyYAML and kubernetes-validate.
+"""
+
+import argparse
+import re
+import sys
+
+import kubernetes_validate
+import yaml
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+LABEL_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/component")
+RUN_AS_USER = 10001
+# Components that must ask for a GPU in the GPU overlay.
+GPU_COMPONENTS = ("decode", "kvstore")
+
+
+class Checker:
+    def __init__(self):
+        self.problems = []
+
+    def fail(self, obj, message):
+        self.problems.append(f"{name_of(obj)}: {message}")
+
+
+def name_of(obj):
+    meta = obj.get("metadata") or {}
+    return f"{obj.get('kind', '?')}/{meta.get('name', '?')}"
+
+
+def matches(selector, labels):
+    """True when a matchLabels-style selector (dict) selects labels."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+# ---- 1. Schemas -------------------------------------------------------------------------------
+
+def check_monitoring_crd(c, obj):
+    """monitoring.coreos.com/v1: the fields the Prometheus Operator cannot do without."""
+    kind, spec = obj["kind"], obj.get("spec") or {}
+    if not (obj.get("metadata") or {}).get("name"):
+        c.fail(obj, "metadata.name missing")
+    if kind in ("ServiceMonitor", "PodMonitor"):
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            c.fail(obj, "spec.selector.matchLabels missing")
+        key = "endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"
+        endpoints = spec.get(key)
+        if not isinstance(endpoints, list) or not endpoints:
+            c.fail(obj, f"spec.{key} must be a non-empty list")
+            return
+        for e in endpoints:
+            if not isinstance(e.get("port"), str):
+                c.fail(obj, f"spec.{key}[].port must name a port")
+            for r in e.get("relabelings") or []:
+                if "targetLabel" not in r and r.get("action", "replace") == "replace":
+                    c.fail(obj, f"spec.{key}[].relabelings: replace without targetLabel")
+    elif kind == "PrometheusRule":
+        groups = spec.get("groups")
+        if not isinstance(groups, list) or not groups:
+            c.fail(obj, "spec.groups must be a non-empty list")
+            return
+        for g in groups:
+            if not g.get("name") or not isinstance(g.get("rules"), list) or not g["rules"]:
+                c.fail(obj, "every group needs a name and rules")
+                continue
+            for r in g["rules"]:
+                if ("record" in r) == ("alert" in r) or not isinstance(r.get("expr"), str):
+                    c.fail(obj, f"group {g['name']}: each rule needs expr and one of record/alert")
+    else:
+        c.fail(obj, "no schema and no structural check for this kind")
+
+
+def check_schema(c, obj, version):
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(p) for p in e.path)
+        c.fail(obj, f"schema {version}: {path}: {e.message}")
+    except kubernetes_validate.SchemaNotFoundError:
+        if obj.get("apiVersion") == "monitoring.coreos.com/v1":
+            check_monitoring_crd(c, obj)
+        else:
+            c.fail(obj, f"no Kubernetes {version} schema for {obj.get('apiVersion')} {obj['kind']}")
+
+
+# ---- 2. Rules ----------------------------------------------------------------------------------
+
+def arg_value(args, flag):
+    for a in args or []:
+        if a.startswith(f"--{flag}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def check_container(c, obj, pod, ctr):
+    who = f"container {ctr['name']}"
+    ports = {p.get("containerPort") for p in ctr.get("ports") or []}
+    for probe in ("livenessProbe", "readinessProbe"):
+        p = ctr.get(probe)
+        if not p or "grpc" not in p:
+            c.fail(obj, f"{who}: {probe} must be a grpc probe (grpc.health.v1)")
+        elif p["grpc"].get("port") not in ports:
+            c.fail(obj, f"{who}: {probe} port {p['grpc'].get('port')} is not a container port")
+    res = ctr.get("resources") or {}
+    for kind in ("requests", "limits"):
+        for r in ("cpu", "memory"):
+            if r not in (res.get(kind) or {}):
+                c.fail(obj, f"{who}: resources.{kind}.{r} missing")
+
+    psc, sc = pod.get("securityContext") or {}, ctr.get("securityContext") or {}
+    def effective(key):
+        return sc.get(key, psc.get(key))
+    if effective("runAsNonRoot") is not True:
+        c.fail(obj, f"{who}: runAsNonRoot must be true")
+    if effective("runAsUser") != RUN_AS_USER:
+        c.fail(obj, f"{who}: runAsUser must be {RUN_AS_USER}")
+    if (effective("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        c.fail(obj, f"{who}: seccompProfile must be RuntimeDefault")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        c.fail(obj, f"{who}: allowPrivilegeEscalation must be false")
+    if sc.get("readOnlyRootFilesystem") is not True:
+        c.fail(obj, f"{who}: readOnlyRootFilesystem must be true")
+    if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+        c.fail(obj, f"{who}: capabilities.drop must include ALL")
+
+    grace_ms = arg_value(ctr.get("args"), "shutdown_grace_ms")
+    period = pod.get("terminationGracePeriodSeconds", 30)
+    if grace_ms is None:
+        c.fail(obj, f"{who}: --shutdown_grace_ms must be set (it sizes the grace period)")
+    elif period * 1000 < int(grace_ms) + 2000:
+        c.fail(obj, f"{who}: terminationGracePeriodSeconds {period} leaves under 2 s beyond "
+                    f"--shutdown_grace_ms={grace_ms}")
+
+
+def check_references(c, obj, pod, configmaps):
+    for ctr in pod.get("containers") or []:
+        for env in ctr.get("env") or []:
+            ref = (env.get("valueFrom") or {}).get("configMapKeyRef")
+            if ref and not ref.get("optional"):
+                if ref["name"] not in configmaps:
+                    c.fail(obj, f"env {env['name']}: no ConfigMap {ref['name']}")
+                elif ref["key"] not in configmaps[ref["name"]]:
+                    c.fail(obj, f"env {env['name']}: ConfigMap {ref['name']} has no {ref['key']}")
+        defined = {e["name"] for e in ctr.get("env") or []}
+        for a in (ctr.get("command") or []) + (ctr.get("args") or []):
+            for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", a):
+                if var not in defined:
+                    c.fail(obj, f"container {ctr['name']}: $({var}) in {a!r} is not in env")
+    for v in pod.get("volumes") or []:
+        cm = v.get("configMap")
+        if cm and not cm.get("optional") and cm["name"] not in configmaps:
+            c.fail(obj, f"volume {v['name']}: no ConfigMap {cm['name']}")
+
+
+def check_gpu(c, obj, pod, component, gpu):
+    for ctr in pod.get("containers") or []:
+        res = ctr.get("resources") or {}
+        has = {k: "nvidia.com/gpu" in (res.get(k) or {}) for k in ("requests", "limits")}
+        if gpu and component in GPU_COMPONENTS and not all(has.values()):
+            c.fail(obj, f"container {ctr['name']}: nvidia.com/gpu requests and limits expected")
+        if not gpu and any(has.values()):
+            c.fail(obj, f"container {ctr['name']}: nvidia.com/gpu outside the GPU overlay")
+
+
+def check_kvstore_addresses(c, objs, configmaps):
+    kvstores = [o for o in objs if o["kind"] == "StatefulSet" and
+                o["spec"]["template"]["metadata"]["labels"].get(LABEL_KEYS[2]) == "kvstore"]
+    for sts in kvstores:
+        service = sts["spec"]["serviceName"]
+        replicas = sts["spec"].get("replicas", 1)
+        port = sts["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+        want = ",".join(f"{sts['metadata']['name']}-{i}.{service}:{port}" for i in range(replicas))
+        for name, data in configmaps.items():
+            got = data.get("KVSTORE_ADDRESSES")
+            if got is not None and got != want:
+                c.fail(sts, f"ConfigMap {name}: KVSTORE_ADDRESSES={got!r}, but the "
+                            f"{replicas} kvstore pods are {want!r}")
+        if not any(o["kind"] == "Service" and o["metadata"]["name"] == service and
+                   o["spec"].get("clusterIP") == "None" for o in objs):
+            c.fail(sts, f"serviceName {service} is not a headless Service here")
+
+
+def check_rules(c, objs, gpu):
+    configmaps = {o["metadata"]["name"]: o.get("data") or {}
+                  for o in objs if o["kind"] == "ConfigMap"}
+    workloads = [o for o in objs if o["kind"] in WORKLOAD_KINDS]
+    pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    services = [o for o in objs if o["kind"] == "Service"]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+
+    for w in workloads:
+        template = w["spec"]["template"]
+        labels, pod = template["metadata"].get("labels") or {}, template["spec"]
+        for key in LABEL_KEYS:
+            if key not in labels:
+                c.fail(w, f"pod template label {key} missing")
+        if not matches(w["spec"]["selector"].get("matchLabels"), labels):
+            c.fail(w, "selector does not select its own pod template")
+        if not any(matches(p["spec"]["selector"].get("matchLabels"), labels) for p in pdbs):
+            c.fail(w, "no PodDisruptionBudget selects its pods")
+        for ctr in pod.get("containers") or []:
+            check_container(c, w, pod, ctr)
+        check_references(c, w, pod, configmaps)
+        check_gpu(c, w, pod, labels.get(LABEL_KEYS[2]), gpu)
+
+    def pods_with_port(selector, port_name):
+        for w in workloads:
+            t = w["spec"]["template"]
+            if matches(selector, t["metadata"].get("labels") or {}):
+                yield any(p.get("name") == port_name or p.get("containerPort") == port_name
+                          for ctr in t["spec"]["containers"] for p in ctr.get("ports") or [])
+
+    for s in services:
+        for p in s["spec"].get("ports") or []:
+            found = list(pods_with_port(s["spec"].get("selector"), p.get("targetPort", p["port"])))
+            if not found:
+                c.fail(s, "selects no workload's pods")
+            elif not all(found):
+                c.fail(s, f"targetPort {p.get('targetPort')} is not a port of the selected pods")
+    for h in (o for o in objs if o["kind"] == "HorizontalPodAutoscaler"):
+        ref = h["spec"]["scaleTargetRef"]
+        if (ref["kind"], ref["name"]) not in names:
+            c.fail(h, f"scaleTargetRef {ref['kind']}/{ref['name']} is not here")
+    for m in (o for o in objs if o["kind"] in ("ServiceMonitor", "PodMonitor")):
+        selector = (m["spec"].get("selector") or {}).get("matchLabels")
+        if m["kind"] == "ServiceMonitor":
+            targets = [s for s in services if matches(selector, s["metadata"].get("labels") or {})]
+            ports = {p.get("name") for s in targets for p in s["spec"].get("ports") or []}
+            endpoints = m["spec"].get("endpoints") or []
+        else:
+            targets = [w for w in workloads
+                       if matches(selector, w["spec"]["template"]["metadata"].get("labels") or {})]
+            ports = {p.get("name") for w in targets
+                     for ctr in w["spec"]["template"]["spec"]["containers"]
+                     for p in ctr.get("ports") or []}
+            endpoints = m["spec"].get("podMetricsEndpoints") or []
+        if not targets:
+            c.fail(m, "selects nothing in these manifests")
+        for e in endpoints:
+            if targets and e.get("port") not in ports:
+                c.fail(m, f"port {e.get('port')} is not a port of what it selects")
+    check_kvstore_addresses(c, objs, configmaps)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+", help="rendered YAML files, - for stdin")
+    ap.add_argument("--kubernetes-version", default="1.30.0")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU overlay: decode and kvstore must request nvidia.com/gpu")
+    ap.add_argument("--schema-only", action="store_true",
+                    help="only the schemas (for fragments such as examples/)")
+    opts = ap.parse_args()
+
+    objs = []
+    for f in opts.files:
+        with (sys.stdin if f == "-" else open(f)) as stream:
+            objs += [o for o in yaml.safe_load_all(stream) if o]
+    c = Checker()
+    if not objs:
+        c.problems.append("no objects")
+    for o in objs:
+        check_schema(c, o, opts.kubernetes_version)
+    if not opts.schema_only:
+        try:
+            check_rules(c, objs, opts.gpu)
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            # Only reachable with a schema problem already reported: the rules assume valid objects.
+            c.problems.append(f"rules not checked: objects malformed ({type(e).__name__}: {e})")
+
+    kinds = sorted({o.get("kind", "?") for o in objs})
+    for p in c.problems:
+        print(f"FAIL {p}")
+    print(f"{len(objs)} objects ({', '.join(kinds)}), Kubernetes {opts.kubernetes_version}: "
+          f"{'ok' if not c.problems else f'{len(c.problems)} problems'}")
+    return 1 if c.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
