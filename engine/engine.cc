@@ -196,7 +196,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   geometry.head_dim = c.head_dim;
   geometry.group_size = options.kv_cache.group_size;
   geometry.page_tokens = options.kv_cache.layout.page_tokens;
-  KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, options.kv_cache));
+  KvCacheOptions cache_options = options.kv_cache;
+  cache_options.demotion_key_clip = e->rotations_.k_clip;
+  cache_options.demotion_value_clip = e->rotations_.v_clip;
+  KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, cache_options));
   e->backend_ = std::make_unique<MeteredBackend>(
       CreateCpuBackend(*e->model_, e->rotations_, e->cache_.get()), e->cache_.get());
   const tokenizer::Tokenizer* t = &e->encoder_.tokenizer();

@@ -236,16 +236,27 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
   if (o.max_sequences < 1 || o.max_chunk_tokens < 1) {
     return absl::InvalidArgumentError("max_sequences and max_chunk_tokens must be positive");
   }
+  const size_t clips = static_cast<size_t>(g.num_layers) * g.num_kv_heads;
+  if ((!o.demotion_key_clip.empty() || !o.demotion_value_clip.empty()) &&
+      (o.demotion_key_clip.size() != clips || o.demotion_value_clip.size() != clips)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "demotion clips: ", o.demotion_key_clip.size(), " key and ", o.demotion_value_clip.size(),
+        " value ratios for ", clips, " (layer, KV head) pairs"));
+  }
   std::unique_ptr<KvCache> cache(new KvCache(g, o));
   const int64_t bf16_bytes = kernels::PageBytes(g, kernels::PageEncoding::kBf16);
   int64_t bf16_budget = o.capacity_bytes;
   if (cache->split()) {
-    // BF16 pages are the working set: sink + recent window + one chunk, per sequence. They get
-    // at most half the capacity (but always one sequence's worth), so a small cache still has
-    // room for INT2 history, which is what long prompts need.
+    // BF16 pages are the working set: sink + recent window + one chunk, per sequence. When the
+    // working set of max_sequences does not fit in the capacity it would leave no room for INT2
+    // history, which is what long prompts need: then it gets half the capacity (but always one
+    // sequence's worth), and admission is bounded by free pages as usual.
     const int64_t per_seq = cache->Bf16SlotsNeeded(std::numeric_limits<int32_t>::max());
-    bf16_budget = std::min({o.capacity_bytes, per_seq * o.max_sequences * bf16_bytes,
-                            std::max(per_seq * bf16_bytes, o.capacity_bytes / 2)});
+    const int64_t working_set = per_seq * o.max_sequences * bf16_bytes;
+    bf16_budget = std::min(o.capacity_bytes,
+                           working_set < o.capacity_bytes
+                               ? working_set
+                               : std::max(per_seq * bf16_bytes, o.capacity_bytes / 2));
   }
   if (bf16_budget < bf16_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache capacity ", o.capacity_bytes,
@@ -568,8 +579,9 @@ absl::StatusOr<int64_t> KvCache::CheckCachedPrefix(const PageKey& namespace_key,
       SelectPrefixCopies(geometry_, split(), int2_encoding(), namespace_key, prompt, pages));
   const int64_t n = static_cast<int64_t>(copies.size());
   const int64_t sink_pages = options_.layout.sink_tokens / options_.layout.page_tokens;
+  const bool can_demote = !options_.demotion_key_clip.empty();
   for (int64_t p = sink_pages; p < DemotedPagesEnd(n * options_.layout.page_tokens); ++p) {
-    if (copies[p].int2 == nullptr) {
+    if (copies[p].int2 == nullptr && !can_demote) {
       return absl::InvalidArgumentError(
           absl::StrCat("cached page_index ", p, " is INT2 history at ", n,
                        " cached pages but came only as BF16 (an INT2 copy is needed)"));
@@ -602,12 +614,34 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
                                                                (bf16 ? bf16 : int2)->size()))
                                 ->key());
     if (split() && p >= sink_pages && p < demoted_end) {
-      if (static_cast<int64_t>(int2->size()) != int2_pool_->slot_bytes()) {
-        return absl::InternalError("INT2 page size differs from the pool's slot size");
-      }
       std::optional<int32_t> s = int2_pool_->Allocate();
       if (!s) return absl::ResourceExhaustedError("INT2 page pool exhausted (reservation broken)");
       seq.int2_slot[p] = *s;
+      if (int2 == nullptr) {
+        // History here, but only its BF16 copy came (it was in the exporter's window): demote it
+        // as the backend does, from the BF16 values with the same clips.
+        WriteHeader(seq, p, int2_encoding(), int2_pool_->slot(*s));
+        const auto* body = reinterpret_cast<const uint8_t*>(bf16->data());
+        std::vector<float> rows(static_cast<size_t>(P) * geometry_.head_dim);
+        for (int layer = 0; layer < geometry_.num_layers; ++layer) {
+          for (int kind = 0; kind < 2; ++kind) {
+            for (int h = 0; h < geometry_.num_kv_heads; ++h) {
+              kernels::DecodeBf16Block(
+                  body + kernels::BlockOffset(geometry_, kernels::PageEncoding::kBf16, layer,
+                                              kind, h),
+                  static_cast<int>(P), geometry_, rows.data());
+              const size_t c = static_cast<size_t>(layer) * geometry_.num_kv_heads + h;
+              EncodeHistory(seq, p, layer, kind, h, rows.data(),
+                            kind == 0 ? options_.demotion_key_clip[c]
+                                      : options_.demotion_value_clip[c]);
+            }
+          }
+        }
+        continue;
+      }
+      if (static_cast<int64_t>(int2->size()) != int2_pool_->slot_bytes()) {
+        return absl::InternalError("INT2 page size differs from the pool's slot size");
+      }
       std::memcpy(int2_pool_->slot(*s), int2->data(), int2->size());
       continue;
     }

@@ -72,10 +72,17 @@ struct KvCacheOptions {
   kernels::SplitLayout layout;  // sink 64, recent >= 256, pages of 64
   int group_size = 0;           // INT2 channels per scale/offset; 0 = head_dim
   int64_t capacity_bytes = int64_t{1} << 30;
-  // Sequences holding pages at once: sizes the BF16 pool, which takes at most half of
-  // capacity_bytes (at least one sequence's sink, recent window and chunk); the rest is history.
+  // Sequences holding pages at once: sizes the BF16 pool (sink, recent window and one chunk
+  // each); the rest of capacity_bytes is history. When that working set does not fit, the BF16
+  // pool takes half the capacity (at least one sequence's worth) instead.
   int max_sequences = 16;
   int max_chunk_tokens = 512;  // largest prefill chunk (sizes the BF16 working set)
+  // Clip ratios the backend applies when it demotes a BF16 page to INT2, [layers][kv_heads]
+  // (RotationSet::k_clip / v_clip). With them an imported page that is history at the imported
+  // length but came only as BF16 is demoted exactly as a running sequence would have done;
+  // without them (empty) such a prefix is refused.
+  std::vector<float> demotion_key_clip;
+  std::vector<float> demotion_value_clip;
 };
 
 // Page memory behind a seam: host memory here, device memory for the CUDA backend.
@@ -189,7 +196,8 @@ class KvCache {
   // copies — INT2 and/or BF16 — per page) must cover pages 0..N-1 with N*64 <= prompt size - 1,
   // parse (ParsePage), match this cache's geometry and encodings and carry the radix keys of the
   // prompt under `namespace_key` (CheckPageMatches), with the right page index and parent key.
-  // A page that is INT2 history at N*64 tokens needs an INT2 copy. Returns N (0 for no pages);
+  // A page that is INT2 history at N*64 tokens needs an INT2 copy unless the demotion clips are
+  // set (then a BF16 copy is demoted on import). Returns N (0 for no pages);
   // InvalidArgument naming the page and the problem otherwise.
   absl::StatusOr<int64_t> CheckCachedPrefix(const PageKey& namespace_key,
                                             std::span<const int32_t> prompt,
@@ -197,7 +205,9 @@ class KvCache {
   // Loads a prefix CheckCachedPrefix accepted into a reserved, empty sequence whose tokens and
   // namespace_key are set: afterwards it holds N*64 tokens exactly as if it had computed them.
   // A page that must be BF16 at that length but came only as INT2 is dequantised into BF16
-  // (not exact); the count of those is returned.
+  // (not exact); the count of those is returned. A page that is history at that length but came
+  // only as BF16 is quantised from its BF16 values with the demotion clips, which is bit for bit
+  // what the sequence that computed it would have stored once the page left its window.
   absl::StatusOr<int64_t> ImportPrefix(SequenceKv& seq, std::span<const std::string> pages);
 
   // Bytes of KV data held by a sequence (its slots, headers included).

@@ -292,9 +292,6 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
       model_fingerprint_(engine_->model().fingerprint),
       eos_token_ids_(engine_->model().tokenizer.end_of_generation_ids),
       max_running_(engine_->options().scheduler.max_running),
-      split_layout_(engine_->cache().int2_pool() != nullptr),
-      layout_(engine_->cache().options().layout),
-      sink_pages_(layout_.sink_tokens / std::max(1, layout_.page_tokens)),
       kv_format_proto_(DescribeKvFormat(*engine_)) {
   if (options_.local_cache_bytes > 0) {
     local_pages_ = std::make_unique<LocalPageCache>(
@@ -469,12 +466,6 @@ v1::RegisterWorkerRequest DecodeService::WorkerDescription(const std::string& ad
   r.set_local_page_capacity_bytes(
       static_cast<uint64_t>(local_pages_ != nullptr ? options_.local_cache_bytes : 0));
   return r;
-}
-
-int64_t DecodeService::DemotedPages(int64_t tokens) const {
-  if (!split_layout_) return 0;
-  const kernels::SplitSegments s = kernels::SegmentsAt(layout_, tokens);
-  return (s.sink + s.history) / layout_.page_tokens;
 }
 
 WorkerLoadSample DecodeService::LoadSample() const {
@@ -818,26 +809,16 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
     }
   }
   // The leading run held locally, then the kvstore for the pages right after it.
-  size_t usable_pages = keys.size();
   if (local_pages_ != nullptr) {
+    // A page held only as BF16 (it was in a recent window) that is history at the imported
+    // length is demoted by the engine on import, exactly as the sequence would have done.
     std::vector<LocalPage> run = local_pages_->GetPrefix(keys);
-    // A page held only as BF16 (it was in a recent window) cannot be imported as history: stop
-    // the import where that page would become history, or the engine refuses all of it.
-    for (size_t p = sink_pages_; p < run.size(); ++p) {
-      if (run[p].int2) continue;
-      while (usable_pages > 0 && DemotedPages(static_cast<int64_t>(usable_pages) * page_tokens_) >
-                                     static_cast<int64_t>(p)) {
-        --usable_pages;
-      }
-      break;
-    }
-    if (run.size() > usable_pages) run.resize(usable_pages);
     for (LocalPage& page : run) g.cached_pages.push_back(std::move(page.bytes));
   }
   const int local_pages = static_cast<int>(g.cached_pages.size());
   const absl::Time fetch_start = absl::Now();
   std::vector<std::string> fetched =
-      FetchCachedPrefix(request_id, std::vector<PageKey>(keys.begin(), keys.begin() + usable_pages),
+      FetchCachedPrefix(request_id, keys,
                         g.cached_pages.size());
   const int kvstore_pages = static_cast<int>(fetched.size());
   for (std::string& page : fetched) g.cached_pages.push_back(std::move(page));

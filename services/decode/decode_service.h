@@ -122,9 +122,6 @@ class DecodeService final : public v1::Generation::Service {
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
-  // Pages [0, n) of a sequence of `tokens` tokens that are past the sink and in INT2 history
-  // (KvCache::DemotedPagesEnd), or 0 when the format has no history.
-  int64_t DemotedPages(int64_t tokens) const;
   void RequestCancel(uint64_t sequence_id, engine::FinishReason reason);
 
   std::unique_ptr<engine::Engine> engine_;  // touched only by the engine thread after start
@@ -138,10 +135,6 @@ class DecodeService final : public v1::Generation::Service {
   const std::string model_fingerprint_;
   const std::vector<int32_t> eos_token_ids_;
   const int max_running_;
-  // The split layout (sink, recent window), for which cached pages must be INT2.
-  const bool split_layout_;
-  const kernels::SplitLayout layout_;
-  const size_t sink_pages_;
   v1::KvFormat kv_format_proto_;
 
   std::unique_ptr<LocalPageCache> local_pages_;  // null without a local tier

@@ -40,6 +40,8 @@ class PageExchangeTest : public ::testing::TestWithParam<KvCacheFormat> {
     o.capacity_bytes = 64 << 20;
     o.max_sequences = 2;
     o.max_chunk_tokens = 64;
+    o.demotion_key_clip = rot_.k_clip;
+    o.demotion_value_clip = rot_.v_clip;
     cache_ =
         *KvCache::Create({model_.config.num_layers, model_.config.num_kv_heads, 64, 64, 64}, o);
     backend_ = CreateCpuBackend(model_, rot_, cache_.get());
@@ -148,6 +150,38 @@ TEST_P(PageExchangeTest, ImportedPrefixMatchesFullPrefillExactly) {
   r.cached_pages = Bytes(donor.pages, kCachedPages);
   const RunResult imported = Run(std::move(r));
   EXPECT_EQ(imported.cached_tokens, kCachedPages * 64);
+  EXPECT_EQ(imported.recent_window_from_int2_pages, 0);
+  EXPECT_EQ(imported.tokens, scratch.tokens);
+  ASSERT_EQ(imported.pages.size(), scratch.pages.size());
+  for (size_t p = 0; p < scratch.pages.size(); ++p) {
+    EXPECT_EQ(imported.pages[p].encoding, scratch.pages[p].encoding) << "page " << p;
+    EXPECT_TRUE(imported.pages[p].bytes == scratch.pages[p].bytes) << "page " << p;
+  }
+}
+
+// A prefix put together from two exporters, as a worker's local tier and the kvstore hand it
+// over: pages 0..7 from a sequence that ended at 8 pages (4..7 still BF16, in its window) and
+// 8..13 from a longer one. At 14 pages, 4..7 are history: they are demoted on import, bit for
+// bit as a full prefill stores them, so nothing is lost and nothing is approximate.
+TEST_P(PageExchangeTest, WindowPagesThatBecomeHistoryAreDemotedExactly) {
+  if (GetParam() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
+  constexpr int kLongPages = 14;
+  const std::vector<int32_t> prompt = RandomPrompt(kLongPages * 64 + 20, 17);
+  const RunResult scratch = Run(Request(prompt, 8));
+  const RunResult short_donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  ASSERT_EQ(short_donor.pages.size(), static_cast<size_t>(kCachedPages));
+  ASSERT_EQ(short_donor.pages[kCachedPages - 1].encoding, kernels::PageEncoding::kBf16);
+  const RunResult long_donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kLongPages * 64), 1));
+  ASSERT_EQ(long_donor.pages.size(), static_cast<size_t>(kLongPages));
+
+  std::vector<std::string> pages = Bytes(short_donor.pages, kCachedPages);
+  for (int p = kCachedPages; p < kLongPages; ++p) pages.push_back(long_donor.pages[p].bytes);
+  GenerationRequest r = Request(prompt, 8);
+  r.cached_pages = pages;
+  const RunResult imported = Run(std::move(r));
+  EXPECT_EQ(imported.cached_tokens, kLongPages * 64);
   EXPECT_EQ(imported.recent_window_from_int2_pages, 0);
   EXPECT_EQ(imported.tokens, scratch.tokens);
   ASSERT_EQ(imported.pages.size(), scratch.pages.size());
