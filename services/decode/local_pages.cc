@@ -5,25 +5,31 @@
 
 namespace kvstrata::decode {
 
-LocalPageCache::LocalPageCache(const LocalPageCacheOptions& options) : options_(options) {}
+LocalPageCache::LocalPageCache(const LocalPageCacheOptions& options) : options_(options) {
+  journals_[kDefaultJournal];
+}
 
 void LocalPageCache::TouchLocked(const PageKey& key, Entry& entry) {
   lru_.splice(lru_.begin(), lru_, entry.lru);
 }
 
 void LocalPageCache::RecordLocked(const PageKey& key, Change change) {
-  if (journal_overflowed_) return;
-  auto it = journal_.find(key);
-  if (it != journal_.end()) {
+  for (auto& [id, journal] : journals_) RecordInLocked(journal, key, change);
+}
+
+void LocalPageCache::RecordInLocked(Journal& journal, const PageKey& key, Change change) {
+  if (journal.overflowed) return;
+  auto it = journal.changes.find(key);
+  if (it != journal.changes.end()) {
     // A key alternates between held and not held, so the pending change is the opposite one:
     // together they are no change since the checkpoint.
-    journal_.erase(it);
+    journal.changes.erase(it);
     return;
   }
-  journal_.emplace(key, change);
-  if (journal_.size() > options_.max_journal_entries) {
-    journal_.clear();
-    journal_overflowed_ = true;
+  journal.changes.emplace(key, change);
+  if (journal.changes.size() > options_.max_journal_entries) {
+    journal.changes.clear();
+    journal.overflowed = true;
   }
 }
 
@@ -120,37 +126,57 @@ int64_t LocalPageCache::evictions() const {
   return evictions_;
 }
 
-std::vector<PageKey> LocalPageCache::TakeSnapshot() {
+LocalPageCache::JournalId LocalPageCache::OpenJournal() {
   std::lock_guard<std::mutex> lock(mu_);
-  journal_.clear();
-  journal_overflowed_ = false;
+  const JournalId id = next_journal_++;
+  journals_[id];
+  return id;
+}
+
+void LocalPageCache::CloseJournal(JournalId journal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  journals_.erase(journal);
+}
+
+std::vector<PageKey> LocalPageCache::TakeSnapshot(JournalId journal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = journals_.find(journal); it != journals_.end()) {
+    it->second.changes.clear();
+    it->second.overflowed = false;
+  }
   // Most recent first: a reader that can keep only some keeps the hottest.
   return std::vector<PageKey>(lru_.begin(), lru_.end());
 }
 
-PageKeyChanges LocalPageCache::TakeChanges() {
+PageKeyChanges LocalPageCache::TakeChanges(JournalId journal) {
   std::lock_guard<std::mutex> lock(mu_);
   PageKeyChanges changes;
-  changes.overflowed = journal_overflowed_;
-  for (const auto& [key, change] : journal_) {
+  auto it = journals_.find(journal);
+  if (it == journals_.end()) return changes;  // closed, or never opened
+  Journal& j = it->second;
+  changes.overflowed = j.overflowed;
+  for (const auto& [key, change] : j.changes) {
     (change == Change::kStored ? changes.stored : changes.removed).push_back(key);
   }
-  journal_.clear();
-  journal_overflowed_ = false;
+  j.changes.clear();
+  j.overflowed = false;
   return changes;
 }
 
-void LocalPageCache::ReturnChanges(const PageKeyChanges& changes) {
+void LocalPageCache::ReturnChanges(const PageKeyChanges& changes, JournalId journal) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto it = journals_.find(journal);
+  if (it == journals_.end()) return;  // closed meanwhile
+  Journal& j = it->second;
   if (changes.overflowed) {
-    journal_.clear();
-    journal_overflowed_ = true;
+    j.changes.clear();
+    j.overflowed = true;
     return;
   }
   // The returned changes are older than the journal; composing older-then-newer of one key is
-  // the same cancellation RecordLocked does, so replaying them through it is exact.
-  for (const PageKey& key : changes.stored) RecordLocked(key, Change::kStored);
-  for (const PageKey& key : changes.removed) RecordLocked(key, Change::kRemoved);
+  // the same cancellation RecordInLocked does, so replaying them through it is exact.
+  for (const PageKey& key : changes.stored) RecordInLocked(j, key, Change::kStored);
+  for (const PageKey& key : changes.removed) RecordInLocked(j, key, Change::kRemoved);
 }
 
 }  // namespace kvstrata::decode

@@ -15,13 +15,14 @@
 // a chain the ancestors are always more recent than their descendants and a plain LRU evicts
 // leaves first. Across chains it is plain LRU: a shared root touched by any chain stays hot.
 //
-// The change journal records the net change to the set of keys held since a checkpoint, for the
+// A change journal records the net change to the set of keys held since a checkpoint, for a
 // router's view of this worker (heartbeats): a key stored and then removed (or removed and then
 // stored again) before the next checkpoint cancels out. TakeChanges makes a checkpoint and hands
 // over the changes; a sender whose report failed gives them back with ReturnChanges, which
 // composes them in front of anything recorded since. When more changes pile up than the journal
 // keeps, it is dropped and `overflowed` tells the reader to resend a full snapshot (TakeSnapshot)
-// instead.
+// instead. Each reader (one per router the worker reports to) has its own journal, with its own
+// checkpoints: journal 0 always exists, OpenJournal adds more.
 //
 // Thread-safety: every method may be called concurrently (one mutex).
 
@@ -83,16 +84,27 @@ class LocalPageCache {
   int64_t capacity_bytes() const { return options_.capacity_bytes; }
   int64_t evictions() const;
 
+  using JournalId = int;
+  static constexpr JournalId kDefaultJournal = 0;
+  // A new journal, empty from now; CloseJournal stops recording into it (and its reads are
+  // empty from then on).
+  JournalId OpenJournal();
+  void CloseJournal(JournalId journal);
+
   // Every key held now, and a checkpoint: the journal restarts empty from this state.
-  std::vector<PageKey> TakeSnapshot();
-  // The net changes since the last checkpoint, and a checkpoint.
-  PageKeyChanges TakeChanges();
+  std::vector<PageKey> TakeSnapshot(JournalId journal = kDefaultJournal);
+  // The net changes since the journal's last checkpoint, and a checkpoint.
+  PageKeyChanges TakeChanges(JournalId journal = kDefaultJournal);
   // Gives back changes a reader took but could not deliver; they count as older than anything
   // recorded since. Ignored after an overflow (the reader must send a snapshot anyway).
-  void ReturnChanges(const PageKeyChanges& changes);
+  void ReturnChanges(const PageKeyChanges& changes, JournalId journal = kDefaultJournal);
 
  private:
   enum class Change { kStored, kRemoved };
+  struct Journal {
+    absl::flat_hash_map<PageKey, Change> changes;
+    bool overflowed = false;
+  };
   struct Entry {
     bool int2 = false;
     std::string bytes;
@@ -100,8 +112,9 @@ class LocalPageCache {
   };
 
   void TouchLocked(const PageKey& key, Entry& entry);
-  // Records one change on top of the journal (cancelling the opposite change of the same key).
+  // Records one change on top of every journal (cancelling the opposite change of the key).
   void RecordLocked(const PageKey& key, Change change);
+  void RecordInLocked(Journal& journal, const PageKey& key, Change change);
   void EvictOneLocked();
 
   const LocalPageCacheOptions options_;
@@ -110,8 +123,8 @@ class LocalPageCache {
   std::list<PageKey> lru_;
   int64_t bytes_ = 0;
   int64_t evictions_ = 0;
-  absl::flat_hash_map<PageKey, Change> journal_;
-  bool journal_overflowed_ = false;
+  absl::flat_hash_map<JournalId, Journal> journals_;
+  JournalId next_journal_ = kDefaultJournal + 1;
 };
 
 }  // namespace kvstrata::decode

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "core/metrics.h"
@@ -51,8 +52,11 @@ ABSL_FLAG(int, local_cache_mb, 256,
           "Local page tier: MiB of host memory keeping finished requests' pages for reuse by "
           "later requests on this worker (LRU, leaves before their ancestors); 0: off.");
 ABSL_FLAG(std::string, router, "",
-          "HOST:PORT of the router's WorkerRegistry to register with and heartbeat to; empty: "
-          "no registration. An unreachable router is retried every interval; serving goes on.");
+          "Comma-separated HOST:PORT of the router(s) whose WorkerRegistry to register with and "
+          "heartbeat to; empty: no registration. A name resolving to several addresses (a "
+          "Kubernetes headless Service in front of the router pods) means one router per "
+          "address; names are resolved again every 5 s, so routers that scale in or out are "
+          "followed. An unreachable router is retried every interval; serving goes on.");
 ABSL_FLAG(std::string, advertise_address, "",
           "HOST:PORT the router should dial for Generation (default: the address actually bound "
           "for --listen, e.g. 127.0.0.1:50071).");
@@ -73,7 +77,7 @@ struct DecodeConfig {
   std::string metrics_listen;
   engine::EngineOptions engine;
   DecodeServiceOptions service;
-  std::string router;
+  std::vector<std::string> routers;
   std::string advertise_address;
   absl::Duration router_rpc_deadline;
   absl::Duration shutdown_grace;
@@ -109,15 +113,11 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
         absl::StrCat("--local_cache_mb=", local_mb, ": must be in [0, 1048576]"));
   }
   config.service.local_cache_bytes = int64_t{local_mb} << 20;
-  config.router = absl::GetFlag(FLAGS_router);
-  if (!config.router.empty() && !absl::StrContains(config.router, ':')) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--router: '", config.router, "' is not HOST:PORT"));
-  }
-  config.advertise_address = absl::GetFlag(FLAGS_advertise_address);
-  if (!config.advertise_address.empty() && !absl::StrContains(config.advertise_address, ':')) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--advertise_address: '", config.advertise_address, "' is not HOST:PORT"));
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_router), ',', absl::SkipEmpty())) {
+    if (!absl::StrContains(r, ':')) {
+      return absl::InvalidArgumentError(absl::StrCat("--router: '", r, "' is not HOST:PORT"));
+    }
+    config.routers.emplace_back(r);
   }
   const uint32_t deadline_ms = absl::GetFlag(FLAGS_router_rpc_deadline_ms);
   if (deadline_ms < 1) return absl::InvalidArgumentError("--router_rpc_deadline_ms: must be >= 1");
@@ -198,17 +198,17 @@ int Run(DecodeConfig config) {
           (*server)->address().c_str(), config.service.model_name.c_str(), kv_format.c_str(),
           static_cast<long long>(config.service.local_cache_bytes >> 20),
           config.service.kvstore_addresses.size(),
-          config.router.empty() ? "(none)" : config.router.c_str(),
+          config.routers.empty() ? "(none)" : absl::StrJoin(config.routers, ",").c_str(),
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
 
-  std::unique_ptr<RouterRegistration> registration;
-  if (!config.router.empty()) {
-    RouterRegistrationOptions r;
-    r.router_address = config.router;
-    r.rpc_deadline = config.router_rpc_deadline;
-    r.worker = service.WorkerDescription(
+  std::unique_ptr<RouterRegistrations> registration;
+  if (!config.routers.empty()) {
+    RouterRegistrationsOptions r;
+    r.routers = config.routers;
+    r.registration.rpc_deadline = config.router_rpc_deadline;
+    r.registration.worker = service.WorkerDescription(
         config.advertise_address.empty() ? (*server)->address() : config.advertise_address);
-    registration = std::make_unique<RouterRegistration>(
+    registration = std::make_unique<RouterRegistrations>(
         r, service.local_pages(), [&service] { return service.LoadSample(); });
   }
 

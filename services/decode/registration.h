@@ -21,11 +21,15 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kvstrata/v1/worker.grpc.pb.h"
 #include "services/decode/local_pages.h"
@@ -53,7 +57,13 @@ struct RouterRegistrationOptions {
   absl::Duration initial_interval = absl::Seconds(1);
   // Deadline of each RPC; capped at half the current interval.
   absl::Duration rpc_deadline = absl::Milliseconds(500);
+  // The local tier's journal this registration reads its page key changes from (one per
+  // router, so that each router gets every change).
+  LocalPageCache::JournalId journal = LocalPageCache::kDefaultJournal;
 };
+
+// A random non-zero incarnation.
+uint64_t NewIncarnation();
 
 class RouterRegistration {
  public:
@@ -98,6 +108,58 @@ class RouterRegistration {
   bool drain_ = false;
   std::atomic<int> registrations_{0};
   std::atomic<int> accepted_heartbeats_{0};
+  std::thread thread_;
+};
+
+// Every address `host_port` resolves to (IPv4 "a.b.c.d:port", IPv6 "[...]:port"), sorted;
+// a literal address resolves to itself. Unavailable when the name does not resolve.
+absl::StatusOr<std::vector<std::string>> ResolveAll(const std::string& host_port);
+
+struct RouterRegistrationsOptions {
+  // HOST:PORT entries (--router). A name that resolves to several addresses, such as a
+  // Kubernetes headless Service in front of the router pods, means one router per address.
+  std::vector<std::string> routers;
+  // Template of each registration (router_address and journal are filled in per router).
+  RouterRegistrationOptions registration;
+  // How often the names are resolved again, so routers that come and go are followed.
+  absl::Duration resolve_interval = absl::Seconds(5);
+  // Name resolution; empty: ResolveAll. Tests inject a fake.
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string&)> resolve;
+};
+
+// Registers the worker with every router: one RouterRegistration (thread, journal) per address
+// the --router entries resolve to, all with the same incarnation; routers that appear are
+// registered with, routers that disappear (a complete resolution no longer names them) are
+// dropped. A name that fails to resolve keeps the routers it had.
+class RouterRegistrations {
+ public:
+  RouterRegistrations(const RouterRegistrationsOptions& options, LocalPageCache* local_pages,
+                      std::function<WorkerLoadSample()> load);
+  ~RouterRegistrations();
+  // Every registration sends its draining heartbeat, then everything stops. Idempotent.
+  void Drain();
+
+  uint64_t incarnation() const { return options_.registration.worker.incarnation(); }
+  // The router addresses registered with now (registered or still trying), sorted.
+  std::vector<std::string> Addresses() const;
+  // The registration for one address, or nullptr; valid until the next resolution drops it.
+  RouterRegistration* Find(const std::string& address);
+
+ private:
+  void Loop();
+  void Resolve();
+  void Stop(bool drain);
+
+  RouterRegistrationsOptions options_;
+  LocalPageCache* const local_pages_;
+  const std::function<WorkerLoadSample()> load_;
+  std::set<std::string> failing_;  // entries whose last resolution failed (loop thread)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::map<std::string, std::unique_ptr<RouterRegistration>> registrations_;  // by address
+  std::map<std::string, LocalPageCache::JournalId> journals_;
   std::thread thread_;
 };
 

@@ -146,5 +146,22 @@ TEST(LocalPageCacheTest, OverflowAsksForASnapshot) {
   EXPECT_TRUE(cache.TakeChanges().empty());
 }
 
+TEST(LocalPageCacheTest, EveryJournalGetsEveryChangeWithItsOwnCheckpoints) {
+  LocalPageCache cache({.capacity_bytes = 1 << 20});
+  const LocalPageCache::JournalId second = cache.OpenJournal();
+  ASSERT_NE(second, LocalPageCache::kDefaultJournal);
+  cache.PutChain(Chain({1, 2}));
+  PageKeyChanges first_read = cache.TakeChanges();
+  EXPECT_EQ(first_read.stored.size(), 2u);
+  // The default journal's checkpoint does not touch the second one.
+  cache.PutChain(Chain({3}));
+  EXPECT_EQ(cache.TakeChanges().stored.size(), 1u);
+  EXPECT_EQ(cache.TakeChanges(second).stored.size(), 3u);
+  cache.CloseJournal(second);
+  cache.PutChain(Chain({4}));
+  EXPECT_EQ(cache.TakeChanges().stored.size(), 1u);
+  EXPECT_TRUE(cache.TakeChanges(second).empty());  // closed: nothing recorded
+}
+
 }  // namespace
 }  // namespace kvstrata::decode

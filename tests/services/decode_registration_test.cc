@@ -163,5 +163,84 @@ TEST(RouterRegistrationTest, NoRouterNeverBlocksAndDrainReturnsPromptly) {
   EXPECT_EQ(registration.registrations(), 0);
 }
 
+// Two routers behind one name (a headless Service): the worker registers with both, with one
+// incarnation, and each router gets every local page change through its own journal; a router
+// that leaves the name is dropped, one that joins is registered with.
+TEST(RouterRegistrationsTest, RegistersWithEveryRouterANameResolvesTo) {
+  std::unique_ptr<Router> a = StartRouter();
+  std::unique_ptr<Router> b = StartRouter();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  std::mutex mu;
+  std::vector<std::string> behind_name = {a->server->address(), b->server->address()};
+  RouterRegistrationsOptions o;
+  o.routers = {"routers.test:50070"};
+  o.registration = Options("");
+  o.resolve_interval = absl::Milliseconds(50);
+  o.resolve = [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    EXPECT_EQ(name, "routers.test:50070");
+    std::lock_guard<std::mutex> lock(mu);
+    return behind_name;
+  };
+  LocalPageCache cache({.capacity_bytes = 1000});
+  RouterRegistrations registrations(o, &cache, Load);
+  for (Router* r : {a.get(), b.get()}) {
+    ASSERT_TRUE(r->registry.WaitFor([](auto& reg, auto& h) { return !reg.empty() && !h.empty(); }));
+    EXPECT_EQ(r->registry.registers()[0].incarnation(), registrations.incarnation());
+  }
+  cache.PutChain(Chain({7}));
+  for (Router* r : {a.get(), b.get()}) {
+    ASSERT_TRUE(r->registry.WaitFor([](auto&, auto& h) {
+      return std::any_of(h.begin(), h.end(), [](const v1::HeartbeatRequest& beat) {
+        return Has(beat.stored_page_keys(), 7);
+      });
+    })) << "a router missed the change";
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    behind_name = {a->server->address()};
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (registrations.Addresses().size() != 1 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(registrations.Addresses(), std::vector<std::string>{a->server->address()});
+
+  registrations.Drain();
+  ASSERT_FALSE(a->registry.heartbeats().empty());
+  EXPECT_TRUE(a->registry.heartbeats().back().load().draining());
+}
+
+TEST(RouterRegistrationsTest, ANameThatFailsToResolveKeepsItsRouters) {
+  std::unique_ptr<Router> a = StartRouter();
+  ASSERT_NE(a, nullptr);
+  std::atomic<bool> dns_down{false};
+  RouterRegistrationsOptions o;
+  o.routers = {"routers.test:50070"};
+  o.registration = Options("");
+  o.resolve_interval = absl::Milliseconds(20);
+  o.resolve = [&](const std::string&) -> absl::StatusOr<std::vector<std::string>> {
+    if (dns_down) return absl::UnavailableError("no DNS");
+    return std::vector<std::string>{a->server->address()};
+  };
+  RouterRegistrations registrations(o, nullptr, Load);
+  ASSERT_TRUE(a->registry.WaitFor([](auto& reg, auto&) { return !reg.empty(); }));
+  dns_down = true;
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(registrations.Addresses(), std::vector<std::string>{a->server->address()});
+}
+
+TEST(ResolveAllTest, LiteralsResolveToThemselvesAndBadEntriesAreErrors) {
+  absl::StatusOr<std::vector<std::string>> v4 = ResolveAll("127.0.0.1:50070");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(*v4, std::vector<std::string>{"127.0.0.1:50070"});
+  absl::StatusOr<std::vector<std::string>> v6 = ResolveAll("[::1]:50070");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(*v6, std::vector<std::string>{"[::1]:50070"});
+  EXPECT_EQ(ResolveAll("no-port").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ResolveAll("name.invalid:1").ok());
+}
+
 }  // namespace
 }  // namespace kvstrata::decode
