@@ -217,7 +217,13 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     e.finish = stop.finish;
     e.cached_tokens = s.cached_tokens;
     e.recent_window_from_int2_pages = s.recent_window_from_int2_pages;
-    if (stop.finish != FinishReason::kNone) Publish(s, e);
+    if (stop.finish != FinishReason::kNone) {
+      Publish(s, e);
+    } else if (s.generated.size() == 1 && s.request.publish_pages) {
+      // Prefill is done: the prompt's full pages are final, share them now.
+      absl::StatusOr<std::vector<ExportedPage>> pages = cache_->ExportPages(s.kv);
+      if (pages.ok()) e.prompt_pages = *std::move(pages);
+    }
     events->push_back(std::move(e));
     if (stop.finish != FinishReason::kNone) {
       cache_->Release(s.kv);

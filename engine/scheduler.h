@@ -36,7 +36,9 @@ struct GenerationRequest {
   // rest. Submit rejects a corrupt page, a wrong key or a wrong shape with InvalidArgument; the
   // caller counts the miss and may resubmit without cached_pages (a full prefill).
   std::vector<std::string> cached_pages;
-  // When true, the final event carries the sequence's full pages (published_pages).
+  // When true, the final event carries the sequence's full pages (published_pages), and the
+  // event of the first generated token, if the sequence goes on, its full prompt pages
+  // (prompt_pages), so they can be shared while it decodes.
   bool publish_pages = false;
 };
 
@@ -57,6 +59,10 @@ struct GenerationEvent {
   // Final event only, when the request asked (publish_pages) and the sequence did not fail:
   // its full pages as the kvstore stores them, taken before the pages were freed.
   std::vector<ExportedPage> published_pages;
+  // First generated token's event only, when the request asked (publish_pages) and the sequence
+  // goes on: the full pages of the prompt as they are right after prefill (pages in the recent
+  // window are BF16 then). The final event's published_pages includes them again.
+  std::vector<ExportedPage> prompt_pages;
 };
 
 struct SchedulerOptions {

@@ -86,13 +86,18 @@ class DecodeMetrics {
             "and failures).",
             LatencyBucketsSeconds())),
         kvstore_fetched_bytes(r->AddCounter("kvstrata_decode_kvstore_fetched_bytes_total",
-                                            "Page bytes fetched from the kvstore.")) {
+                                            "Page bytes fetched from the kvstore.")),
+        prefix_waits(r->AddCounter(
+            "kvstrata_decode_prefix_waits_total",
+            "Requests that waited for another request on this worker to finish computing "
+            "their prompt's pages, instead of computing them too.")) {
     // Series that exist from the start read as 0 rather than as missing.
     for (const char* op : {"lookup", "fetch", "put", "import"}) kvstore_errors.With({op});
     for (const char* tier : {"local", "kvstore", "none"}) prompt_tokens.With({tier});
     local_cache_evictions.Get();
     generated_tokens.Get();
     kvstore_fetched_bytes.Get();
+    prefix_waits.Get();
   }
 
   Family<Counter>& requests;
@@ -115,6 +120,7 @@ class DecodeMetrics {
   Family<Gauge>& kv_cache_pages;
   Family<Histogram>& kvstore_fetch_seconds;
   Family<Counter>& kvstore_fetched_bytes;
+  Family<Counter>& prefix_waits;
 };
 
 namespace {
@@ -585,6 +591,71 @@ void DecodeService::PublishLoop() {
   }
 }
 
+void DecodeService::QueuePublish(PublishJob job) {
+  {
+    std::lock_guard<std::mutex> lock(publish_mu_);
+    publishes_.push_back(std::move(job));
+  }
+  publish_cv_.notify_all();
+}
+
+std::vector<LocalPage> DecodeService::LocalPrefix(const std::string& request_id,
+                                                  const std::vector<PageKey>& keys,
+                                                  absl::Time deadline,
+                                                  std::shared_ptr<Prefilling>* registered) {
+  registered->reset();
+  if (local_pages_ == nullptr || keys.empty()) return {};
+  // However long the other request takes, stop waiting in time to prefill before the deadline
+  // would have allowed, and never longer than a couple of minutes.
+  const absl::Time give_up = std::min(deadline, absl::Now() + absl::Minutes(2));
+  bool waited = false;
+  std::unique_lock<std::mutex> lock(prefill_mu_);
+  for (;;) {
+    std::vector<LocalPage> run = local_pages_->GetPrefix(keys);
+    std::shared_ptr<Prefilling> best;
+    size_t best_common = run.size();
+    for (const std::shared_ptr<Prefilling>& p : prefilling_) {
+      size_t common = 0;
+      while (common < keys.size() && common < p->keys.size() && keys[common] == p->keys[common]) {
+        ++common;
+      }
+      if (common > best_common) {
+        best_common = common;
+        best = p;
+      }
+    }
+    if (best == nullptr || absl::Now() >= give_up) {
+      if (run.size() < keys.size()) {
+        *registered = std::make_shared<Prefilling>(Prefilling{keys});
+        prefilling_.push_back(*registered);
+      }
+      return run;
+    }
+    if (!waited) {
+      waited = true;
+      metrics_->prefix_waits.Get().Increment();
+      fprintf(stderr,
+              "kvstrata-decode: request %s: waiting for %zu prompt pages another request on this "
+              "worker is computing\n",
+              request_id.c_str(), best_common - run.size());
+    }
+    prefill_cv_.wait_until(lock, absl::ToChronoTime(give_up), [&] {
+      return std::find(prefilling_.begin(), prefilling_.end(), best) == prefilling_.end();
+    });
+  }
+}
+
+void DecodeService::EndPrefilling(const std::shared_ptr<Prefilling>& p) {
+  if (p == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(prefill_mu_);
+    auto it = std::find(prefilling_.begin(), prefilling_.end(), p);
+    if (it == prefilling_.end()) return;
+    prefilling_.erase(it);
+  }
+  prefill_cv_.notify_all();
+}
+
 void DecodeService::Publish(const PublishJob& job) {
   if (job.pages.empty()) return;
   // Keys by page index, for the parent links (a page may come in two forms).
@@ -611,6 +682,10 @@ void DecodeService::Publish(const PublishJob& job) {
                    .encoding = encoding,
                    .bytes = e.bytes});
   }
+  std::erase_if(put, [&](const kvstore::PutPage& p) {
+    return static_cast<int64_t>(p.page_index) < job.skip_before_index;
+  });
+  if (put.empty()) return;
   std::stable_sort(
       put.begin(), put.end(), [](const kvstore::PutPage& a, const kvstore::PutPage& b) {
         if (a.page_index != b.page_index) return a.page_index < b.page_index;
@@ -808,12 +883,19 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       keys.push_back(parent);
     }
   }
-  // The leading run held locally, then the kvstore for the pages right after it.
-  if (local_pages_ != nullptr) {
-    // A page held only as BF16 (it was in a recent window) that is history at the imported
-    // length is demoted by the engine on import, exactly as the sequence would have done.
-    std::vector<LocalPage> run = local_pages_->GetPrefix(keys);
-    for (LocalPage& page : run) g.cached_pages.push_back(std::move(page.bytes));
+  // The leading run held locally (after waiting for a request on this worker that is computing
+  // more of it), then the kvstore for the pages right after it. A page held only as BF16 (it was
+  // in a recent window) that is history at the imported length is demoted by the engine on
+  // import, exactly as the sequence would have done.
+  std::shared_ptr<Prefilling> prefilling;
+  struct UnregisterPrefill {
+    DecodeService* service;
+    std::shared_ptr<Prefilling>* p;
+    ~UnregisterPrefill() { service->EndPrefilling(*p); }
+  } unregister_prefill{this, &prefilling};
+  for (LocalPage& page :
+       LocalPrefix(request_id, keys, absl::FromChrono(context->deadline()), &prefilling)) {
+    g.cached_pages.push_back(std::move(page.bytes));
   }
   const int local_pages = static_cast<int>(g.cached_pages.size());
   const absl::Time fetch_start = absl::Now();
@@ -853,6 +935,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   int pending_tokens = 0;
   bool client_gone = false;
   bool cancel_sent = false;
+  int64_t prompt_pages_shared = 0;  // prompt pages published right after prefill
   absl::Time first_token_time = absl::InfiniteFuture();
   absl::Time last_token_time = absl::InfinitePast();
   const absl::Time deadline = absl::FromChrono(context->deadline());
@@ -892,6 +975,16 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
           }
         }
         ++pending_tokens;
+      }
+      if (!e.prompt_pages.empty()) {
+        // Prefill is done: share the prompt's pages now, with requests waiting on this worker
+        // and through the kvstore, rather than when this one finishes.
+        StoreLocal(request_id, e.prompt_pages);
+        EndPrefilling(prefilling);
+        for (const engine::ExportedPage& p : e.prompt_pages) {
+          prompt_pages_shared = std::max(prompt_pages_shared, p.page_index + 1);
+        }
+        if (ring_ != nullptr) QueuePublish({request_id, namespace_key, std::move(e.prompt_pages)});
       }
       pending.mutable_text()->append(e.text);
       if (e.finish == engine::FinishReason::kNone) {
@@ -941,12 +1034,10 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       prefilled_tokens_.fetch_add(std::max(0, e.prompt_tokens - cached));
       metrics_->e2e.Get().Observe(absl::ToDoubleSeconds(end - start));
       StoreLocal(request_id, e.published_pages);
+      EndPrefilling(prefilling);
       if (!e.published_pages.empty() && ring_ != nullptr) {
-        {
-          std::lock_guard<std::mutex> lock(publish_mu_);
-          publishes_.push_back({request_id, namespace_key, std::move(e.published_pages)});
-        }
-        publish_cv_.notify_all();
+        QueuePublish({request_id, namespace_key, std::move(e.published_pages),
+                      prompt_pages_shared});
       }
       if (client_gone || context->IsCancelled()) return grpc::Status::CANCELLED;
       if (e.finish == engine::FinishReason::kError) {

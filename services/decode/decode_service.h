@@ -110,6 +110,14 @@ class DecodeService final : public v1::Generation::Service {
     std::string request_id;
     PageKey namespace_key;
     std::vector<engine::ExportedPage> pages;
+    // Pages with a smaller index were published already (with the prompt's pages right after
+    // prefill): they only give the parent links.
+    int64_t skip_before_index = 0;
+  };
+  // A request computing prompt pages beyond what it found cached: requests on this worker that
+  // need the same pages wait for them instead of computing them again.
+  struct Prefilling {
+    std::vector<PageKey> keys;  // the request's cacheable page keys
   };
 
   void EngineLoop();
@@ -122,6 +130,15 @@ class DecodeService final : public v1::Generation::Service {
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
+  void QueuePublish(PublishJob job);
+  // Takes the leading run of `keys` from the local tier; when another request on this worker is
+  // computing more of these pages, first waits (until `deadline`) for it to share them. Registers
+  // this request in prefilling_ (returned; null when it computes nothing others could wait for).
+  std::vector<LocalPage> LocalPrefix(const std::string& request_id,
+                                     const std::vector<PageKey>& keys, absl::Time deadline,
+                                     std::shared_ptr<Prefilling>* registered);
+  // Removes a request from prefilling_ (it shared its pages, or ended) and wakes the waiters.
+  void EndPrefilling(const std::shared_ptr<Prefilling>& p);
   void RequestCancel(uint64_t sequence_id, engine::FinishReason reason);
 
   std::unique_ptr<engine::Engine> engine_;  // touched only by the engine thread after start
@@ -155,6 +172,10 @@ class DecodeService final : public v1::Generation::Service {
   std::mutex publish_mu_;
   std::condition_variable publish_cv_;
   std::deque<PublishJob> publishes_;
+
+  std::mutex prefill_mu_;
+  std::condition_variable prefill_cv_;
+  std::vector<std::shared_ptr<Prefilling>> prefilling_;  // guarded by prefill_mu_
   int publishes_in_progress_ = 0;
   bool publish_stopping_ = false;
 

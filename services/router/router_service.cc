@@ -615,6 +615,21 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     hints->set_predicted_local_cached_tokens(static_cast<uint32_t>(predicted_local));
     hints->set_predicted_kvstore_cached_tokens(static_cast<uint32_t>(predicted_store));
     const absl::Time routed = absl::Now();
+    // A worker with a local tier will hold the prompt's pages once it has prefilled them: count
+    // them as its own now, so a request with the same prefix arriving meanwhile goes to the same
+    // worker (which lets it wait for those pages rather than compute them again elsewhere).
+    bool claimed = false;
+    {
+      std::lock_guard<std::mutex> lock(r.mu_);
+      auto it = r.worker_states_.find(decision->worker_id);
+      claimed = it != r.worker_states_.end() && it->second.keeps_local_pages && !keys.empty();
+    }
+    if (claimed) r.index_.OnWorkerStored(decision->worker_id, keys);
+    // Pages the worker did not hold before: withdrawn again if this attempt fails.
+    const std::span<const PageKey> claimed_keys =
+        claimed ? std::span<const PageKey>(keys).subspan(
+                      std::min<size_t>(keys.size(), static_cast<size_t>(decision->local_pages)))
+                : std::span<const PageKey>();
 
     grpc::ClientContext call;
     if (context->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -706,6 +721,9 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
       relayed = true;
     }
     const grpc::Status status = reader->Finish();
+    if (!status.ok() && !relayed && !claimed_keys.empty()) {
+      r.index_.OnWorkerRemoved(decision->worker_id, claimed_keys);
+    }
     if (relayed || client_gone || status.ok()) {
       m.e2e.Get().Observe(absl::ToDoubleSeconds(absl::Now() - start));
       if (!status.ok()) m.rejected.With({CodeString(status.error_code())}).Increment();

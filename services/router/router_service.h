@@ -14,8 +14,9 @@
 // What the prefix index learns, and from where:
 //   - workers: the local page keys in RegisterWorker (a snapshot) and Heartbeat (net changes);
 //     and, for a worker with a local tier (local_page_capacity_bytes > 0, or one that reported
-//     keys or local hits), the prompt's pages right after a request it served succeeded (they
-//     are in its tier by then; the next heartbeat corrects any that were not kept);
+//     keys or local hits), the prompt's pages as soon as a request is routed to it (it will
+//     hold them once it has prefilled; a request with the same prefix meanwhile waits there for
+//     them), withdrawn if that attempt fails before output;
 //   - the kvstore: each node's WatchEvents stream (a snapshot, then live stored/removed events).
 // The pool identity (model, fingerprint, KV format, rotation digest, page size) comes from the
 // first worker that registers, or answers GetServerInfo when it was given by flag; a worker

@@ -21,6 +21,7 @@ struct RunResult {
   int cached_tokens = 0;
   int recent_window_from_int2_pages = 0;
   std::vector<ExportedPage> pages;
+  std::vector<ExportedPage> prompt_pages;  // from the first token's event
 };
 
 class PageExchangeTest : public ::testing::TestWithParam<KvCacheFormat> {
@@ -69,6 +70,7 @@ class PageExchangeTest : public ::testing::TestWithParam<KvCacheFormat> {
       EXPECT_TRUE(scheduler_->Step(&events).ok());
       for (GenerationEvent& e : events) {
         if (e.token >= 0) out.tokens.push_back(e.token);
+        if (!e.prompt_pages.empty()) out.prompt_pages = std::move(e.prompt_pages);
         if (e.finish == FinishReason::kNone) continue;
         out.finish = e.finish;
         out.cached_tokens = e.cached_tokens;
@@ -133,6 +135,22 @@ TEST_P(PageExchangeTest, ExportedPagesParseAndCarryTheRadixChain) {
     parent = key;
   }
   EXPECT_EQ(int2_pages > 0, GetParam() != KvCacheFormat::kBf16);
+}
+
+// Right after prefill a sequence hands out its prompt's full pages, exactly those a sequence
+// that ended with the prompt would publish, so a concurrent request can use them at once.
+TEST_P(PageExchangeTest, PromptPagesAreSharedRightAfterPrefill) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 23);
+  const RunResult running = Run(Request(prompt, 6));
+  ASSERT_EQ(running.prompt_pages.size(), static_cast<size_t>(kPromptTokens / 64));
+  const RunResult ended = Run(Request(prompt, 1));  // stops at its first token: holds the prompt
+  EXPECT_TRUE(ended.prompt_pages.empty());          // its final event has them all
+  ASSERT_EQ(ended.pages.size(), running.prompt_pages.size());
+  for (size_t p = 0; p < ended.pages.size(); ++p) {
+    EXPECT_EQ(running.prompt_pages[p].key, ended.pages[p].key);
+    EXPECT_EQ(running.prompt_pages[p].encoding, ended.pages[p].encoding) << "page " << p;
+    EXPECT_TRUE(running.prompt_pages[p].bytes == ended.pages[p].bytes) << "page " << p;
+  }
 }
 
 TEST_P(PageExchangeTest, ImportedPrefixMatchesFullPrefillExactly) {

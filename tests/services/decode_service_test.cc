@@ -362,6 +362,27 @@ TEST(DecodeServiceTest, SecondIdenticalRequestReusesTheLocalTierWithTheSameGreed
   EXPECT_EQ(metrics.find("kvstrata_decode_local_cache_pages 0\n"), std::string::npos) << metrics;
 }
 
+// Two identical requests at once on one worker: the second waits for the first's prefill and
+// takes its prompt pages from the local tier, instead of computing them a second time.
+TEST(DecodeServiceTest, ConcurrentRequestWaitsForTheSamePrefixInsteadOfComputingItTwice) {
+  std::unique_ptr<DecodeInstance> d = StartDecode({}, "w8", kLocalTier);
+  REQUIRE_INSTANCE(d);
+  const v1::GenerateRequest request =
+      Chat(LongSystemPrompt(), "In one sentence, what is this license about?", 8);
+  Result a;
+  std::thread first([&] { a = Call(*d->stub, request); });
+  // Let the first request register its prefill before the second arrives.
+  absl::SleepFor(absl::Milliseconds(200));
+  const Result b = Call(*d->stub, request);
+  first.join();
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(a.usage.cached_local_tokens(), 0u);
+  EXPECT_GT(b.usage.cached_local_tokens(), 2u * 64);
+  EXPECT_EQ(b.tokens, a.tokens);
+  EXPECT_NE(d->registry.Render().find("kvstrata_decode_prefix_waits_total 1"), std::string::npos);
+}
+
 // Token ids that are not a text: the test controls every page boundary.
 std::vector<uint32_t> Tokens(int n, uint32_t seed) {
   std::vector<uint32_t> ids;

@@ -417,6 +417,68 @@ TEST_F(RouterServiceTest, AWorkerWithALocalTierHoldsThePromptRightAfterServingIt
   EXPECT_EQ(second.messages.back().usage().predicted_cached_tokens(), pages * kPage);
 }
 
+// While a worker prefills a prompt, another request with the same prefix goes to that worker
+// (which waits for the pages) rather than computing them again elsewhere; an attempt that fails
+// withdraws the pages it claimed.
+TEST_F(RouterServiceTest, ARequestInFlightClaimsItsPromptForItsWorker) {
+  Start({.policy = "prefix-affinity"});
+  Worker a = StartWorker("a", grpc::Status::OK, /*hang=*/true);
+  Worker b = StartWorker("b", grpc::Status::OK, /*hang=*/true);
+  for (auto [id, w] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
+    v1::RegisterWorkerRequest r = Registration(id, w->server->address());
+    r.set_local_page_capacity_bytes(1 << 30);
+    ASSERT_TRUE(Register(r).ok());
+  }
+  v1::GenerateRequest g;
+  g.set_text(Text(4));
+  grpc::ClientContext c1, c2;
+  auto r1 = gen_stub_->Generate(&c1, g);
+  auto wait_for = [](Worker& w, size_t n) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (w.service->received().size() < n && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  };
+  wait_for(a, 1);
+  ASSERT_EQ(a.service->received().size(), 1u);  // ties go to the first id
+  auto r2 = gen_stub_->Generate(&c2, g);
+  wait_for(a, 2);
+  EXPECT_EQ(a.service->received().size(), 2u);
+  EXPECT_TRUE(b.service->received().empty());
+  ASSERT_EQ(a.service->received().size(), 2u);
+  EXPECT_GT(a.service->received()[1].routing().predicted_local_cached_tokens(), 0u);
+  c1.TryCancel();
+  c2.TryCancel();
+  v1::GenerateResponse m;
+  while (r1->Read(&m)) {
+  }
+  while (r2->Read(&m)) {
+  }
+  r1->Finish();
+  r2->Finish();
+}
+
+TEST_F(RouterServiceTest, AFailedAttemptWithdrawsThePagesItClaimed) {
+  Start({.policy = "prefix-affinity"});
+  Worker a = StartWorker("a", grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
+  Worker b = StartWorker("b");
+  for (auto [id, w] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
+    v1::RegisterWorkerRequest r = Registration(id, w->server->address());
+    r.set_local_page_capacity_bytes(1 << 30);
+    ASSERT_TRUE(Register(r).ok());
+  }
+  v1::GenerateRequest g;
+  g.set_text(Text(4));
+  const Result first = Generate(g);  // a fails, retried on b
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.messages.back().worker_id(), "b");
+  const Result second = Generate(g);
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.messages.back().worker_id(), "b");  // a's claim was withdrawn
+  EXPECT_GT(second.messages.back().usage().predicted_cached_tokens(), 0u);
+  EXPECT_EQ(a.service->received().size(), 1u);
+}
+
 TEST_F(RouterServiceTest, WorkerFailingBeforeOutputIsRetriedOnAnother) {
   Start({.policy = "round-robin"});
   Worker bad = StartWorker("a-bad", grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away"));
