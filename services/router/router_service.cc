@@ -602,6 +602,14 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     std::vector<WorkerInfo> workers = r.LiveWorkers();
     std::erase_if(workers, [&](const WorkerInfo& w) { return tried.contains(w.id); });
     if (workers.empty()) break;
+    {
+      std::lock_guard<std::mutex> lock(r.mu_);
+      for (WorkerInfo& w : workers) {
+        auto it = r.requests_on_worker_.find(w.id);
+        const int64_t own = it == r.requests_on_worker_.end() ? 0 : it->second;
+        if (own > w.load.requests()) w.load.running = own - w.load.waiting;
+      }
+    }
     RouteRequest route{.page_keys = keys,
                        .prompt_tokens = static_cast<int64_t>(prompt.size()),
                        .page_tokens = page_tokens};
@@ -630,6 +638,19 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
         claimed ? std::span<const PageKey>(keys).subspan(
                       std::min<size_t>(keys.size(), static_cast<size_t>(decision->local_pages)))
                 : std::span<const PageKey>();
+
+    struct CountOnWorker {
+      Router* router;
+      std::string worker;
+      CountOnWorker(Router* r, std::string w) : router(r), worker(std::move(w)) {
+        std::lock_guard<std::mutex> lock(router->mu_);
+        ++router->requests_on_worker_[worker];
+      }
+      ~CountOnWorker() {
+        std::lock_guard<std::mutex> lock(router->mu_);
+        if (--router->requests_on_worker_[worker] <= 0) router->requests_on_worker_.erase(worker);
+      }
+    } count_on_worker(&r, decision->worker_id);
 
     grpc::ClientContext call;
     if (context->deadline() != std::chrono::system_clock::time_point::max()) {

@@ -151,6 +151,9 @@ class Router {
   absl::flat_hash_map<std::string, WorkerState> worker_states_;       // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<v1::Generation::Stub>> stubs_;  // by address
   absl::flat_hash_map<std::string, std::shared_ptr<InFlight>> in_flight_;  // by request id
+  // Requests this router has in flight on each worker. Heartbeats report a worker's queue up to
+  // an interval late; the router's own count is exact at once, so policies see the larger.
+  absl::flat_hash_map<std::string, int64_t> requests_on_worker_;  // guarded by mu_
   uint64_t next_request_number_ = 1;
 
   std::mutex stop_mu_;

@@ -458,6 +458,40 @@ TEST_F(RouterServiceTest, ARequestInFlightClaimsItsPromptForItsWorker) {
   r2->Finish();
 }
 
+// Heartbeats report queues up to an interval late; the router counts what it sent itself.
+TEST_F(RouterServiceTest, LoadCountsTheRoutersOwnRequestsInFlight) {
+  Start({.policy = "least-load"});
+  Worker a = StartWorker("a", grpc::Status::OK, /*hang=*/true);
+  Worker b = StartWorker("b", grpc::Status::OK, /*hang=*/true);
+  ASSERT_TRUE(Register(Registration("a", a.server->address())).ok());
+  ASSERT_TRUE(Register(Registration("b", b.server->address())).ok());
+  v1::GenerateRequest g;
+  g.set_text("first");
+  grpc::ClientContext c1, c2;
+  auto r1 = gen_stub_->Generate(&c1, g);
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (a.service->received().empty() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(a.service->received().size(), 1u);
+  g.set_text("second");
+  auto r2 = gen_stub_->Generate(&c2, g);  // no heartbeat in between: a still reports 0
+  while (b.service->received().empty() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(b.service->received().size(), 1u);
+  EXPECT_EQ(a.service->received().size(), 1u);
+  c1.TryCancel();
+  c2.TryCancel();
+  v1::GenerateResponse m;
+  while (r1->Read(&m)) {
+  }
+  while (r2->Read(&m)) {
+  }
+  r1->Finish();
+  r2->Finish();
+}
+
 TEST_F(RouterServiceTest, AFailedAttemptWithdrawsThePagesItClaimed) {
   Start({.policy = "prefix-affinity"});
   Worker a = StartWorker("a", grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
