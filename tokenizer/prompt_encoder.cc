@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/sha256.h"
 #include "core/status_macros.h"
 
 namespace kvstrata::tokenizer {
@@ -11,6 +12,23 @@ namespace kvstrata::tokenizer {
 absl::StatusOr<PromptEncoder> PromptEncoder::Create(const TokenizerSpec& spec) {
   KV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Create(spec));
   PromptEncoder e(std::move(tokenizer));
+  std::string digest_input;
+  auto field = [&](std::string_view v) {
+    digest_input += std::to_string(v.size());
+    digest_input += ':';
+    digest_input.append(v);
+    digest_input += ';';
+  };
+  field(spec.model);
+  field(spec.pre);
+  for (const std::string& t : spec.tokens) field(t);
+  for (int32_t t : spec.token_types) absl::StrAppend(&digest_input, t, ",");
+  for (const std::string& m : spec.merges) field(m);
+  // What turns a prompt into ids; not what ends a generation (EOS ids), which stays the
+  // worker's business.
+  absl::StrAppend(&digest_input, spec.bos_id, ",", spec.unknown_id, ",", spec.add_bos, ";");
+  field(spec.chat_template);
+  e.identity_ = absl::StrCat(spec.pre, ":", Sha256Hex(digest_input).substr(0, 16));
   if (!spec.chat_template.empty()) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::FromJinja(spec.chat_template);
     if (t.ok()) e.chat_template_ = std::move(*t);  // else EncodeChat says there is none

@@ -39,6 +39,12 @@ class PromptEncoder {
   absl::StatusOr<std::vector<int32_t>> EncodeChat(std::span<const ChatMessage> messages,
                                                   bool add_generation_prompt = true) const;
 
+  // "<pre-tokenizer>:<16 hex digits>", a digest of everything that decides the token ids of a
+  // prompt: pre-tokenizer, vocabulary, token types, merges, BOS and unknown ids, BOS handling
+  // and the chat template (not the EOS ids, which only end generation). Two processes with
+  // equal identities tokenise every prompt alike.
+  const std::string& identity() const { return identity_; }
+
   const Tokenizer& tokenizer() const { return tokenizer_; }
   // nullptr when the model ships no (recognised) chat template.
   const ChatTemplate* chat_template() const {
@@ -49,6 +55,7 @@ class PromptEncoder {
   explicit PromptEncoder(Tokenizer tokenizer) : tokenizer_(std::move(tokenizer)) {}
 
   Tokenizer tokenizer_;
+  std::string identity_;
   std::optional<ChatTemplate> chat_template_;
   std::vector<std::pair<std::string, int32_t>> control_tokens_;  // text, id; longest first
 };

@@ -295,6 +295,7 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
       max_context_(engine_->config().max_context),
       vocab_size_(engine_->config().vocab_size),
       has_chat_template_(engine_->chat_template() != nullptr),
+      tokenizer_identity_(engine_->prompt_encoder().identity()),
       model_fingerprint_(engine_->model().fingerprint),
       eos_token_ids_(engine_->model().tokenizer.end_of_generation_ids),
       max_running_(engine_->options().scheduler.max_running),
@@ -469,6 +470,7 @@ v1::RegisterWorkerRequest DecodeService::WorkerDescription(const std::string& ad
   r.set_capacity_pages(static_cast<uint64_t>(std::max<int64_t>(1, total_pages_.load())));
   r.set_max_running_requests(static_cast<uint32_t>(max_running_));
   r.set_server_version(kServerVersion);
+  r.set_tokenizer(tokenizer_identity_);
   r.set_local_page_capacity_bytes(
       static_cast<uint64_t>(local_pages_ != nullptr ? options_.local_cache_bytes : 0));
   return r;
@@ -1084,6 +1086,7 @@ grpc::Status DecodeService::GetServerInfo(grpc::ServerContext* context,
                                           v1::ServerInfo* response) {
   response->set_role("worker");
   response->set_server_version(kServerVersion);
+  response->set_tokenizer(tokenizer_identity_);
   response->set_api_version("kvstrata.v1");
   response->set_model(options_.model_name);
   response->set_model_fingerprint(model_fingerprint_);

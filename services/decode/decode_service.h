@@ -149,6 +149,7 @@ class DecodeService final : public v1::Generation::Service {
   const int max_context_;
   const int vocab_size_;
   const bool has_chat_template_;
+  const std::string tokenizer_identity_;
   const std::string model_fingerprint_;
   const std::vector<int32_t> eos_token_ids_;
   const int max_running_;

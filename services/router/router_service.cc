@@ -322,6 +322,14 @@ absl::Status Router::CheckIdentity(const PoolIdentity& id) {
   return absl::OkStatus();
 }
 
+absl::Status Router::CheckTokenizer(const std::string& tokenizer) const {
+  // Empty: a worker that does not say; its prompts are still tokenised here, so accept it.
+  if (tokenizer.empty() || tokenizer == encoder_.identity()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "tokenizer '", tokenizer, "' differs from the router's '", encoder_.identity(),
+      "' (--model): the token ids the router sends would mean other text to this worker"));
+}
+
 std::shared_ptr<v1::Generation::Stub> Router::StubFor(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<v1::Generation::Stub>& stub = stubs_[address];
@@ -387,7 +395,8 @@ void Router::ProbeStaticWorkers() {
     if (!status.ok()) continue;  // not up yet; routing still tries it
     absl::StatusOr<PoolIdentity> id =
         IdentityFrom(info.model(), info.model_fingerprint(), info.kv_format());
-    absl::Status check = id.ok() ? CheckIdentity(*id) : id.status();
+    absl::Status check = CheckTokenizer(info.tokenizer());
+    if (check.ok()) check = id.ok() ? CheckIdentity(*id) : id.status();
     if (!check.ok()) {
       fprintf(stderr, "kvstrata-router: static worker %s (%s) removed: %s\n", w.id.c_str(),
               w.address.c_str(), std::string(check.message()).c_str());
@@ -811,6 +820,7 @@ grpc::Status RouterService::GetServerInfo(grpc::ServerContext* context,
   response->set_api_version("kvstrata.v1");
   const tokenizer::PromptEncoder& encoder = router_->encoder_;
   response->set_vocab_size(static_cast<uint32_t>(encoder.tokenizer().vocab_size()));
+  response->set_tokenizer(encoder.identity());
   response->set_has_chat_template(encoder.chat_template() != nullptr);
   if (const std::optional<PoolIdentity> id = router_->identity()) {
     response->set_model(id->model);
@@ -842,6 +852,12 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
   }
   if (request->capacity_pages() == 0) {
     return rpc::ToGrpcStatus(absl::InvalidArgumentError("capacity_pages: must be > 0"));
+  }
+  if (absl::Status s = r.CheckTokenizer(request->tokenizer()); !s.ok()) {
+    fprintf(stderr, "kvstrata-router: refused worker %s (%s): %s\n",
+            request->worker_id().c_str(), request->address().c_str(),
+            std::string(s.message()).c_str());
+    return rpc::ToGrpcStatus(s);
   }
   absl::StatusOr<PoolIdentity> id =
       IdentityFrom(request->model(), request->model_fingerprint(), request->kv_format());

@@ -129,6 +129,9 @@ class Router {
   // Adopts `id` as the pool identity if none is set; FailedPrecondition naming the differing
   // field otherwise.
   absl::Status CheckIdentity(const PoolIdentity& id);
+  // OK when a worker's tokenizer identity is the router's (or not given); FailedPrecondition
+  // naming both otherwise.
+  absl::Status CheckTokenizer(const std::string& tokenizer) const;
   std::shared_ptr<v1::Generation::Stub> StubFor(const std::string& address);
   void ForgetWorker(const std::string& id);
 

@@ -60,6 +60,7 @@ struct DecodeInstance {
   // The engine's own PageNamespace("") and PageNamespace("tenant-a").
   PageKey namespace_unsalted;
   PageKey namespace_salted;
+  std::string engine_identity;  // the engine's tokenizer identity
 };
 
 std::unique_ptr<DecodeInstance> StartDecode(std::vector<std::string> kvstores,
@@ -79,6 +80,7 @@ std::unique_ptr<DecodeInstance> StartDecode(std::vector<std::string> kvstores,
   auto d = std::make_unique<DecodeInstance>();
   d->namespace_unsalted = *(*engine)->PageNamespace("");
   d->namespace_salted = *(*engine)->PageNamespace("tenant-a");
+  d->engine_identity = (*engine)->prompt_encoder().identity();
   DecodeServiceOptions options;
   options.worker_id = worker_id;
   options.local_cache_bytes = local_cache_bytes;
@@ -178,6 +180,7 @@ TEST(DecodeServiceTest, GreedyChatAnswersParisWithFinishAndUsage) {
   ASSERT_TRUE(d->stub->GetServerInfo(&context, {}, &info).ok());
   EXPECT_FALSE(info.kv_format().name().empty());
   EXPECT_EQ(info.kv_format().page_size_tokens(), 64u);
+  EXPECT_EQ(info.tokenizer(), d->engine_identity);
   EXPECT_EQ(info.model_fingerprint().size(), 64u);  // hex SHA-256 of the GGUF file
   // SmolLM2: <|im_end|> (2) ends generation, and so does <|endoftext|> (0).
   EXPECT_NE(std::find(info.eos_token_ids().begin(), info.eos_token_ids().end(), 2u),

@@ -270,6 +270,46 @@ TEST_F(RouterServiceTest, RegistrationErrorsNameTheField) {
   EXPECT_EQ(AvailableWorkers(), 1u);
 }
 
+TEST_F(RouterServiceTest, AWorkerWithAnotherTokenizerIsRefused) {
+  Start({});
+  const std::string ours = TinyEncoder().identity();
+  ASSERT_FALSE(ours.empty());
+  grpc::ClientContext c;
+  v1::ServerInfo info;
+  ASSERT_TRUE(gen_stub_->GetServerInfo(&c, {}, &info).ok());
+  EXPECT_EQ(info.tokenizer(), ours);
+
+  v1::RegisterWorkerRequest r = Registration("w1", "127.0.0.1:1");
+  r.set_tokenizer("smollm:0123456789abcdef");
+  const grpc::Status s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("tokenizer"), std::string::npos) << s.error_message();
+  r.set_tokenizer(ours);
+  EXPECT_TRUE(Register(r).ok());
+}
+
+TEST(PromptEncoderIdentityTest, EverythingThatChangesTokenIdsChangesTheIdentity) {
+  absl::StatusOr<model::LoadedModel> m = model::MakeTinyModel({});
+  ASSERT_TRUE(m.ok());
+  const tokenizer::TokenizerSpec base = m->tokenizer;
+  auto identity = [](const tokenizer::TokenizerSpec& spec) {
+    absl::StatusOr<tokenizer::PromptEncoder> e = tokenizer::PromptEncoder::Create(spec);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? e->identity() : std::string();
+  };
+  EXPECT_EQ(identity(base), identity(base));
+  tokenizer::TokenizerSpec other = base;
+  ASSERT_FALSE(other.merges.empty());
+  other.merges.pop_back();
+  EXPECT_NE(identity(other), identity(base));
+  other = base;
+  other.add_bos = !other.add_bos;
+  EXPECT_NE(identity(other), identity(base));
+  other = base;
+  other.chat_template += " ";
+  EXPECT_NE(identity(other), identity(base));
+}
+
 TEST_F(RouterServiceTest, HeartbeatsNeedTheRegisteredIncarnationAndDrainingLeaves) {
   Start({});
   v1::HeartbeatRequest hb;
