@@ -87,6 +87,10 @@ class DecodeMetrics {
             LatencyBucketsSeconds())),
         kvstore_fetched_bytes(r->AddCounter("kvstrata_decode_kvstore_fetched_bytes_total",
                                             "Page bytes fetched from the kvstore.")),
+        kvstore_ejections(r->AddCounter(
+            "kvstrata_decode_kvstore_ejections_total",
+            "Times a kvstore node was taken out of this worker's ring after failing calls in a "
+            "row (its chains go to the other nodes until it is tried again).")),
         prefix_waits(r->AddCounter(
             "kvstrata_decode_prefix_waits_total",
             "Requests that waited for another request on this worker to finish computing "
@@ -98,6 +102,7 @@ class DecodeMetrics {
     generated_tokens.Get();
     kvstore_fetched_bytes.Get();
     prefix_waits.Get();
+    kvstore_ejections.Get();
   }
 
   Family<Counter>& requests;
@@ -120,6 +125,7 @@ class DecodeMetrics {
   Family<Gauge>& kv_cache_pages;
   Family<Histogram>& kvstore_fetch_seconds;
   Family<Counter>& kvstore_fetched_bytes;
+  Family<Counter>& kvstore_ejections;
   Family<Counter>& prefix_waits;
 };
 
@@ -542,6 +548,7 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
     }
   } timer{*metrics_, start};
   absl::StatusOr<kvstore::LookupReply> lookup = client->Lookup(keys, kLookupLeaseMs);
+  ReportStoreResult(client->address(), lookup.status());
   if (!lookup.ok()) {
     metrics_->kvstore_errors.With({"lookup"}).Increment();
     fprintf(stderr, "kvstrata-decode: request %s: kvstore %s lookup failed (a miss): %s\n",
@@ -554,6 +561,7 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
     refs.push_back({keys[i], v1::PAGE_ENCODING_UNSPECIFIED});
   }
   absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lookup->lease_id);
+  ReportStoreResult(client->address(), fetched.status());
   if (!fetched.ok()) {
     metrics_->kvstore_errors.With({"fetch"}).Increment();
     fprintf(stderr,
@@ -700,12 +708,27 @@ void DecodeService::Publish(const PublishJob& job) {
   }
   if (client == nullptr) return;
   absl::StatusOr<kvstore::PutSummary> summary = client->Put(put);
+  ReportStoreResult(client->address(), summary.status());
   if (!summary.ok()) {
     metrics_->kvstore_errors.With({"put"}).Increment();
     fprintf(stderr, "kvstrata-decode: request %s: publishing %zu pages to kvstore %s failed: %s\n",
             job.request_id.c_str(), put.size(), client->address().c_str(),
             summary.status().ToString().c_str());
   }
+}
+
+void DecodeService::ReportStoreResult(const std::string& address, const absl::Status& status) {
+  bool ejected;
+  {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    ejected = ring_->ReportResult(address, status);
+  }
+  if (!ejected) return;
+  metrics_->kvstore_ejections.Get().Increment();
+  fprintf(stderr,
+          "kvstrata-decode: kvstore %s keeps failing (%s); its share of the prefix chains goes "
+          "to the other stores until it is tried again\n",
+          address.c_str(), status.ToString().c_str());
 }
 
 void DecodeService::WaitForPublishes() {

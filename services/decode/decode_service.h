@@ -131,6 +131,8 @@ class DecodeService final : public v1::Generation::Service {
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
   void QueuePublish(PublishJob job);
+  // Tells the ring how a call to a kvstore went (it ejects a node that keeps failing).
+  void ReportStoreResult(const std::string& address, const absl::Status& status);
   // Takes the leading run of `keys` from the local tier; when another request on this worker is
   // computing more of these pages, first waits (until `deadline`) for it to share them. Registers
   // this request in prefilling_ (returned; null when it computes nothing others could wait for).

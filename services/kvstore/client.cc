@@ -4,6 +4,7 @@
 #include <grpcpp/security/credentials.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -216,8 +217,9 @@ std::string HashRing::NodeFor(const PageKey& first_page_key) const {
   return it->second;
 }
 
-KvStoreRing::KvStoreRing(const KvStoreClientOptions& options, int virtual_nodes)
-    : options_(options), ring_(virtual_nodes) {}
+KvStoreRing::KvStoreRing(const KvStoreClientOptions& options, int virtual_nodes,
+                         const KvStoreRingHealthOptions& health)
+    : options_(options), health_options_(health), ring_(virtual_nodes) {}
 
 void KvStoreRing::AddStore(const std::string& address) {
   if (clients_.contains(address)) return;
@@ -228,9 +230,44 @@ void KvStoreRing::AddStore(const std::string& address) {
 void KvStoreRing::RemoveStore(const std::string& address) {
   ring_.Remove(address);
   clients_.erase(address);
+  health_.erase(address);
+}
+
+bool KvStoreRing::ReportResult(const std::string& address, const absl::Status& status) {
+  auto client = clients_.find(address);
+  if (client == clients_.end()) return false;
+  Health& h = health_[address];
+  const bool down = status.code() == absl::StatusCode::kUnavailable ||
+                    status.code() == absl::StatusCode::kDeadlineExceeded;
+  if (!down) {
+    h.consecutive_failures = 0;
+    return false;
+  }
+  if (h.ejected || ++h.consecutive_failures < health_options_.failures_to_eject) return false;
+  h.ejected = true;
+  h.back_at = absl::Now() + health_options_.ejection;
+  ring_.Remove(address);
+  return true;
+}
+
+std::vector<std::string> KvStoreRing::Ejected() const {
+  std::vector<std::string> out;
+  for (const auto& [address, h] : health_) {
+    if (h.ejected) out.push_back(address);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 KvStoreClient* KvStoreRing::ForChain(const PageKey& first_page_key) {
+  const absl::Time now = absl::Now();
+  for (auto& [address, h] : health_) {
+    if (!h.ejected || now < h.back_at) continue;
+    // Back on probation: one more failure takes it out again.
+    h.ejected = false;
+    h.consecutive_failures = std::max(0, health_options_.failures_to_eject - 1);
+    ring_.Add(address);
+  }
   const std::string node = ring_.NodeFor(first_page_key);
   if (node.empty()) return nullptr;
   auto it = clients_.find(node);

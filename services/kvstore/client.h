@@ -120,19 +120,45 @@ class HashRing {
   std::map<uint64_t, std::string> points_;
 };
 
+// When a store stops answering, its chains move to the others for a while, so that they are
+// published and found again there instead of missing until it returns.
+struct KvStoreRingHealthOptions {
+  // Consecutive calls that failed as "down or slow" (UNAVAILABLE, DEADLINE_EXCEEDED) before a
+  // store is taken out of the ring.
+  int failures_to_eject = 3;
+  // How long it stays out; then it is tried again, and one more such failure takes it out again.
+  absl::Duration ejection = absl::Seconds(10);
+};
+
 // Several stores behind one ring: a client per address, chosen by a chain's first page key.
+// A store that keeps failing is ejected from the ring for a while: only its share of the chains
+// moves (consistent hashing), to the stores next to it on the ring, and moves back when it
+// returns. Chains that moved miss once and are then published to their new store.
 class KvStoreRing {
  public:
-  explicit KvStoreRing(const KvStoreClientOptions& options = {}, int virtual_nodes = 128);
+  explicit KvStoreRing(const KvStoreClientOptions& options = {}, int virtual_nodes = 128,
+                       const KvStoreRingHealthOptions& health = {});
   void AddStore(const std::string& address);
   void RemoveStore(const std::string& address);
-  // The store for a chain; nullptr when there is none (a miss).
+  // The store for a chain; nullptr when there is none (a miss). Brings back ejected stores
+  // whose time is up.
   KvStoreClient* ForChain(const PageKey& first_page_key);
+  // The outcome of a call to `address`. Returns true when this failure ejected the store.
+  bool ReportResult(const std::string& address, const absl::Status& status);
+  // Stores currently ejected, sorted.
+  std::vector<std::string> Ejected() const;
 
  private:
+  struct Health {
+    int consecutive_failures = 0;
+    bool ejected = false;
+    absl::Time back_at;
+  };
   KvStoreClientOptions options_;
+  KvStoreRingHealthOptions health_options_;
   HashRing ring_;
   absl::flat_hash_map<std::string, std::unique_ptr<KvStoreClient>> clients_;
+  absl::flat_hash_map<std::string, Health> health_;
 };
 
 }  // namespace kvstrata::kvstore

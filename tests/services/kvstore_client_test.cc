@@ -288,5 +288,42 @@ TEST(KvStoreRingTest, ChainsGoToOneClientChosenByTheirFirstKey) {
   EXPECT_NE(other->address(), chosen);
 }
 
+// A store that keeps failing is taken out of the ring: only its chains move, to the other
+// store, and they move back once it is tried again after the ejection time.
+TEST(KvStoreRingTest, AStoreThatKeepsFailingIsEjectedForAWhileAndOnlyItsChainsMove) {
+  KvStoreRing ring({}, 128, {.failures_to_eject = 3, .ejection = absl::Milliseconds(300)});
+  ring.AddStore("127.0.0.1:1");
+  ring.AddStore("127.0.0.1:2");
+  std::vector<PageKey> keys(200);
+  std::map<int, std::string> home;  // chain -> store
+  for (int i = 0; i < 200; ++i) {
+    keys[i].bytes[0] = static_cast<uint8_t>(i);
+    keys[i].bytes[1] = static_cast<uint8_t>(i * 37);
+    keys[i].bytes[2] = static_cast<uint8_t>(i * 101);
+    home[i] = ring.ForChain(keys[i])->address();
+  }
+  const std::string down = "127.0.0.1:1";
+  const absl::Status unavailable = absl::UnavailableError("connection refused");
+  EXPECT_FALSE(ring.ReportResult(down, unavailable));
+  EXPECT_FALSE(ring.ReportResult(down, absl::NotFoundError("a miss is not a failure")));
+  EXPECT_FALSE(ring.ReportResult(down, unavailable));  // the count started again
+  EXPECT_FALSE(ring.ReportResult(down, unavailable));
+  EXPECT_TRUE(ring.ReportResult(down, absl::DeadlineExceededError("slow")));
+  EXPECT_EQ(ring.Ejected(), std::vector<std::string>{down});
+  int moved = 0;
+  for (int i = 0; i < 200; ++i) {
+    const std::string now = ring.ForChain(keys[i])->address();
+    EXPECT_EQ(now, "127.0.0.1:2") << "chain " << i;
+    moved += home[i] != now;
+    if (home[i] != down) EXPECT_EQ(now, home[i]) << "a chain of the healthy store moved";
+  }
+  EXPECT_GT(moved, 0);
+  absl::SleepFor(absl::Milliseconds(350));
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(ring.ForChain(keys[i])->address(), home[i]);
+  EXPECT_TRUE(ring.Ejected().empty());
+  // On probation: one more failure takes it out again.
+  EXPECT_TRUE(ring.ReportResult(down, unavailable));
+}
+
 }  // namespace
 }  // namespace kvstrata::kvstore
