@@ -499,14 +499,14 @@ WorkerLoadSample DecodeService::LoadSample() const {
 void DecodeService::StoreLocal(const std::string& request_id,
                                const std::vector<engine::ExportedPage>& pages) {
   if (local_pages_ == nullptr || pages.empty()) return;
-  // One primary form per key, as a kvstore Fetch without an encoding returns it: INT2 when the
-  // page came in both forms (the BF16 one is then only its recent-window copy), else the one.
+  // One form per key: BF16 when the page came in both forms (exact wherever it lands; see
+  // local_pages.h), else the one.
   std::vector<const engine::ExportedPage*> primary;
   for (const engine::ExportedPage& e : pages) {
     if (e.page_index < 0) continue;
     if (e.page_index >= static_cast<int64_t>(primary.size())) primary.resize(e.page_index + 1);
     const engine::ExportedPage*& slot = primary[e.page_index];
-    if (slot == nullptr || slot->encoding == kernels::PageEncoding::kBf16) slot = &e;
+    if (slot == nullptr || e.encoding == kernels::PageEncoding::kBf16) slot = &e;
   }
   std::vector<LocalPage> chain;
   for (const engine::ExportedPage* e : primary) {

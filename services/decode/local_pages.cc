@@ -53,8 +53,8 @@ LocalPageCache::PutResult LocalPageCache::PutChain(std::span<const LocalPage> ch
     auto it = entries_.find(page.key);
     if (it != entries_.end()) {
       TouchLocked(page.key, it->second);
-      if (it->second.int2 || !page.int2) continue;
-      // Upgrade to the INT2 form: drop the BF16 one (no journal change, the key stays).
+      if (!it->second.int2 || page.int2) continue;
+      // Replace the INT2 form by the exact BF16 one (no journal change, the key stays).
       bytes_ -= static_cast<int64_t>(it->second.bytes.size());
       lru_.erase(it->second.lru);
       entries_.erase(it);
@@ -68,7 +68,7 @@ LocalPageCache::PutResult LocalPageCache::PutChain(std::span<const LocalPage> ch
         ++result.evicted;
       }
       lru_.push_front(page.key);
-      entries_.emplace(page.key, Entry{.int2 = true, .bytes = page.bytes, .lru = lru_.begin()});
+      entries_.emplace(page.key, Entry{.int2 = false, .bytes = page.bytes, .lru = lru_.begin()});
       bytes_ += size;
       continue;
     }

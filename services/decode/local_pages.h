@@ -6,8 +6,9 @@
 // imports them without a network round trip.
 //
 // A key's form is what the exporting sequence held: INT2 once the page was history, BF16 while
-// it was the sink or in the recent window. An INT2 form replaces a BF16 one (the engine can use
-// INT2 anywhere, dequantising it inside a recent window, but needs INT2 for a history page).
+// it was the sink or in the recent window. The BF16 form is kept, and replaces an INT2 one: it is
+// exact wherever the page lands (in a recent window as is, as history demoted by the engine on
+// import exactly as a running sequence demotes it), while INT2 is exact only as history.
 //
 // Eviction is LRU by page, bounded in bytes. A prefix is only useful from page 0, so evicting a
 // parent before its children would strand them; rather than track the tree, every touch of a
@@ -71,7 +72,8 @@ class LocalPageCache {
     int evicted = 0;  // pages evicted to make room
   };
   // Stores the pages of one chain, in chain order (page 0 first), refreshing them leaf first
-  // (see above). A page already held is refreshed, and upgraded when it was BF16 and `int2`.
+  // (see above). A page already held is refreshed, and replaced when it was INT2 and the new
+  // form is BF16.
   PutResult PutChain(std::span<const LocalPage> chain);
 
   // The leading run of `keys` held here (pages for keys[0..n), n maximal), refreshed leaf

@@ -81,20 +81,23 @@ TEST(LocalPageCacheTest, OversizePageIsRefusedAndZeroCapacityHoldsNothing) {
   EXPECT_EQ(off.bytes(), 0);
 }
 
-TEST(LocalPageCacheTest, Int2FormReplacesBf16) {
+// BF16 is exact wherever the page lands (the engine demotes it on import when it is history
+// there), INT2 only as history: the BF16 form is kept, and replaces an INT2 one.
+TEST(LocalPageCacheTest, Bf16FormIsKeptAndReplacesInt2) {
   LocalPageCache cache({.capacity_bytes = 1000});
-  cache.PutChain(Chain({1}, 300, /*int2=*/false));
-  cache.TakeChanges();
   cache.PutChain(Chain({1}, 100, /*int2=*/true));
+  cache.TakeChanges();
+  cache.PutChain(Chain({1}, 300, /*int2=*/false));
   std::vector<LocalPage> run = cache.GetPrefix(std::vector<PageKey>{Key(1)});
   ASSERT_EQ(run.size(), 1u);
-  EXPECT_TRUE(run[0].int2);
-  EXPECT_EQ(run[0].bytes.size(), 100u);
-  EXPECT_EQ(cache.bytes(), 100);
+  EXPECT_FALSE(run[0].int2);
+  EXPECT_EQ(run[0].bytes.size(), 300u);
+  EXPECT_EQ(cache.bytes(), 300);
   EXPECT_TRUE(cache.TakeChanges().empty());  // the key never left
-  // A BF16 form does not replace an INT2 one.
-  cache.PutChain(Chain({1}, 300, /*int2=*/false));
-  EXPECT_TRUE(cache.GetPrefix(std::vector<PageKey>{Key(1)})[0].int2);
+  // An INT2 form does not replace a BF16 one.
+  cache.PutChain(Chain({1}, 100, /*int2=*/true));
+  EXPECT_FALSE(cache.GetPrefix(std::vector<PageKey>{Key(1)})[0].int2);
+  EXPECT_EQ(cache.bytes(), 300);
 }
 
 TEST(LocalPageCacheTest, JournalHoldsNetChangesSinceTheCheckpoint) {

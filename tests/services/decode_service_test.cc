@@ -350,6 +350,7 @@ TEST(DecodeServiceTest, SecondIdenticalRequestReusesTheLocalTierWithTheSameGreed
   EXPECT_EQ(b.usage.cached_local_tokens() % 64, 0u);
   EXPECT_EQ(b.usage.cached_kvstore_tokens(), 0u);
   EXPECT_EQ(b.usage.recomputed_tokens(), 0u);
+  EXPECT_EQ(b.usage.inexact_recent_window_tokens(), 0u);  // the window pages stayed BF16
   EXPECT_EQ(b.usage.cached_local_tokens() + b.usage.uncached_tokens(), b.usage.prompt_tokens());
   EXPECT_EQ(b.text, a.text);
   EXPECT_EQ(b.tokens, a.tokens);
