@@ -555,13 +555,19 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
             request_id.c_str(), client->address().c_str(), lookup.status().ToString().c_str());
     return {};
   }
-  if (lookup->matched_pages <= skip) return {};
+  if (lookup->matched_pages <= skip) {
+    if (lookup->lease_id != 0) client->Release(lookup->lease_id).IgnoreError();
+    return {};
+  }
   std::vector<std::pair<PageKey, v1::PageEncoding>> refs;
   for (size_t i = skip; i < lookup->matched_pages && i < keys.size(); ++i) {
     refs.push_back({keys[i], v1::PAGE_ENCODING_UNSPECIFIED});
   }
   absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lookup->lease_id);
   ReportStoreResult(client->address(), fetched.status());
+  // The pages are here (or the fetch failed): let the store evict them again. Failing to is
+  // harmless, the lease expires on its own.
+  if (lookup->lease_id != 0) client->Release(lookup->lease_id).IgnoreError();
   if (!fetched.ok()) {
     metrics_->kvstore_errors.With({"fetch"}).Increment();
     fprintf(stderr,

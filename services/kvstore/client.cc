@@ -93,6 +93,17 @@ absl::StatusOr<LookupReply> KvStoreClient::Lookup(std::span<const PageKey> keys,
   return result;
 }
 
+absl::Status KvStoreClient::Release(uint64_t lease_id) {
+  v1::ReleaseRequest request;
+  request.set_lease_id(lease_id);
+  v1::ReleaseResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.lookup_deadline);
+  const grpc::Status status = stub_->Release(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status, address_, "Release");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PutSummary> KvStoreClient::Put(std::span<const PutPage> pages) {
   v1::PutResponse response;
   grpc::ClientContext context;

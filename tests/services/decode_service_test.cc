@@ -216,6 +216,8 @@ TEST(DecodeServiceTest, SecondWorkerReusesPrefixFromTheKvStoreWithTheSameGreedyT
       b.usage.prompt_tokens());
   EXPECT_EQ(b.text, a.text);
   EXPECT_EQ(b.tokens, a.tokens);
+  // The lookup's lease ended with the fetch: the pages can be evicted again.
+  EXPECT_EQ(store->store->Stats().active_leases, 0u);
 }
 
 TEST(DecodeServiceTest, StoppedKvStoreIsAMissAndTheRequestCompletes) {
