@@ -614,9 +614,13 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     {
       std::lock_guard<std::mutex> lock(r.mu_);
       for (WorkerInfo& w : workers) {
-        auto it = r.requests_on_worker_.find(w.id);
-        const int64_t own = it == r.requests_on_worker_.end() ? 0 : it->second;
-        if (own > w.load.requests()) w.load.running = own - w.load.waiting;
+        auto own_it = r.requests_on_worker_.find(w.id);
+        const int64_t own = own_it == r.requests_on_worker_.end() ? 0 : own_it->second;
+        auto ended_it = r.ended_since_heartbeat_.find(w.id);
+        const int64_t ended = ended_it == r.ended_since_heartbeat_.end() ? 0 : ended_it->second;
+        const int64_t queue = std::max(own, w.load.requests() - ended);
+        w.load.waiting = std::min(w.load.waiting, queue);
+        w.load.running = queue - w.load.waiting;
       }
     }
     RouteRequest route{.page_keys = keys,
@@ -658,6 +662,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
       ~CountOnWorker() {
         std::lock_guard<std::mutex> lock(router->mu_);
         if (--router->requests_on_worker_[worker] <= 0) router->requests_on_worker_.erase(worker);
+        ++router->ended_since_heartbeat_[worker];
       }
     } count_on_worker(&r, decision->worker_id);
 
@@ -949,6 +954,10 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
   if (absl::Status s = r.workers_.Heartbeat(worker, load); !s.ok()) {
     return rpc::ToGrpcStatus(absl::NotFoundError(absl::StrCat(
         "worker_id: '", worker, "' was dropped from the pool; call RegisterWorker")));
+  }
+  {
+    std::lock_guard<std::mutex> lock(r.mu_);
+    r.ended_since_heartbeat_.erase(worker);
   }
   if (!stored->empty()) {
     r.index_.OnWorkerStored(worker, *stored);

@@ -157,6 +157,9 @@ class Router {
   // Requests this router has in flight on each worker. Heartbeats report a worker's queue up to
   // an interval late; the router's own count is exact at once, so policies see the larger.
   absl::flat_hash_map<std::string, int64_t> requests_on_worker_;  // guarded by mu_
+  // Requests this router saw end on each worker since the worker's last heartbeat: the report
+  // still counts them, so they are taken off it.
+  absl::flat_hash_map<std::string, int64_t> ended_since_heartbeat_;  // guarded by mu_
   uint64_t next_request_number_ = 1;
 
   std::mutex stop_mu_;

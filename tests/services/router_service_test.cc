@@ -532,6 +532,37 @@ TEST_F(RouterServiceTest, LoadCountsTheRoutersOwnRequestsInFlight) {
   r2->Finish();
 }
 
+// A heartbeat's queue still counts requests that ended after it; the router takes off those it
+// saw end, instead of steering around a worker that is idle by now.
+TEST_F(RouterServiceTest, RequestsThatEndedSinceTheHeartbeatComeOffItsLoad) {
+  Start({.policy = "prefix-affinity"});
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  ASSERT_TRUE(Register(Registration("a", a.server->address())).ok());
+  ASSERT_TRUE(Register(Registration("b", b.server->address())).ok());
+  const std::string held = Text(5);
+  const std::vector<PageKey> keys = KeysOf(TinyEncoder().EncodeText(held));
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("a");
+  hb.set_incarnation(42);
+  hb.mutable_load()->set_running_requests(1);  // the request below, as a reports it
+  hb.mutable_load()->set_free_pages(100);
+  hb.mutable_load()->set_total_pages(100);
+  for (const PageKey& k : keys) {
+    hb.add_stored_page_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 16));
+  }
+  ASSERT_TRUE(Heartbeat(hb).ok());
+  v1::GenerateRequest g;
+  g.set_text(held);
+  const Result first = Generate(g);  // a, for its pages, although it reports a request running
+  ASSERT_TRUE(first.status.ok());
+  ASSERT_EQ(first.messages.back().worker_id(), "a");
+  // No heartbeat since: a still reports 1 running, but that request has ended.
+  g.set_text("an unrelated prompt");
+  const Result second = Generate(g);
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.messages.back().worker_id(), "a");  // equal loads: ties go to the first id
+}
+
 TEST_F(RouterServiceTest, AFailedAttemptWithdrawsThePagesItClaimed) {
   Start({.policy = "prefix-affinity"});
   Worker a = StartWorker("a", grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
