@@ -138,6 +138,16 @@ std::string PageKey::ToHex() const {
   return hex;
 }
 
+absl::StatusOr<PageKey> PageKey::FromBytes(std::string_view raw) {
+  if (raw.size() != kPageKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a page key is ", kPageKeyBytes, " bytes, got ", raw.size()));
+  }
+  PageKey key;
+  std::memcpy(key.bytes.data(), raw.data(), kPageKeyBytes);
+  return key;
+}
+
 absl::StatusOr<PageKey> PageKey::FromHex(std::string_view hex) {
   if (hex.size() != 2 * kPageKeyBytes) {
     return absl::InvalidArgumentError(

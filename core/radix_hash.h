@@ -53,6 +53,13 @@ struct PageKey {
   // problem: the wrong length, or the first non-hex character and its position.
   static absl::StatusOr<PageKey> FromHex(std::string_view hex);
 
+  // The 16 raw bytes, as the API carries keys (`bytes` fields).
+  std::string ToBytes() const {
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  // Exactly 16 bytes; anything else is InvalidArgument naming the length.
+  static absl::StatusOr<PageKey> FromBytes(std::string_view raw);
+
   friend bool operator==(const PageKey&, const PageKey&) = default;
   friend std::strong_ordering operator<=>(const PageKey&, const PageKey&) = default;
 

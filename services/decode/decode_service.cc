@@ -899,9 +899,7 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   std::vector<PageKey> keys;
   if (request->routing().prefix_page_keys_size() > 0) {
     for (int i = 0; i < request->routing().prefix_page_keys_size() && i < cacheable_pages; ++i) {
-      PageKey k;
-      std::copy_n(request->routing().prefix_page_keys(i).data(), 16, k.bytes.data());
-      keys.push_back(k);
+      keys.push_back(*PageKey::FromBytes(request->routing().prefix_page_keys(i)));  // validated
     }
   } else {
     PageKey parent = g.namespace_key;

@@ -21,10 +21,6 @@
 namespace kvstrata::decode {
 namespace {
 
-std::string KeyBytes(const PageKey& key) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
-}
-
 float Rate(int64_t delta, absl::Duration elapsed) {
   const double seconds = absl::ToDoubleSeconds(elapsed);
   return seconds > 0 ? static_cast<float>(std::max<int64_t>(0, delta) / seconds) : 0.0f;
@@ -102,7 +98,7 @@ bool RouterRegistration::Register() {
   if (local_pages_ != nullptr) {
     // The snapshot is a checkpoint: from here the journal holds changes relative to it.
     for (const PageKey& key : local_pages_->TakeSnapshot(options_.journal))
-      request.add_local_page_keys(KeyBytes(key));
+      request.add_local_page_keys(key.ToBytes());
   }
   grpc::ClientContext context;
   context.set_deadline(
@@ -159,8 +155,8 @@ bool RouterRegistration::Heartbeat(bool draining) {
   load->set_draining(draining);
   last_sample_ = sample;
   last_sample_time_ = now;
-  for (const PageKey& key : changes.stored) request.add_stored_page_keys(KeyBytes(key));
-  for (const PageKey& key : changes.removed) request.add_removed_page_keys(KeyBytes(key));
+  for (const PageKey& key : changes.stored) request.add_stored_page_keys(key.ToBytes());
+  for (const PageKey& key : changes.removed) request.add_removed_page_keys(key.ToBytes());
 
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(now + std::min(options_.rpc_deadline, interval_ / 2)));

@@ -15,16 +15,9 @@ namespace kvstrata::kvstore {
 
 namespace {
 
-std::string KeyBytes(const PageKey& key) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
-}
-
 absl::StatusOr<PageKey> KeyFromBytes(const std::string& bytes) {
-  if (bytes.size() != kPageKeyBytes) {
-    return absl::DataLossError(absl::StrCat("page key of ", bytes.size(), " bytes, not 16"));
-  }
-  PageKey key;
-  std::memcpy(key.bytes.data(), bytes.data(), kPageKeyBytes);
+  absl::StatusOr<PageKey> key = PageKey::FromBytes(bytes);
+  if (!key.ok()) return absl::DataLossError(key.status().message());
   return key;
 }
 
@@ -73,7 +66,7 @@ KvStoreClient::~KvStoreClient() = default;
 absl::StatusOr<LookupReply> KvStoreClient::Lookup(std::span<const PageKey> keys,
                                                   uint32_t lease_ttl_ms) {
   v1::LookupRequest request;
-  for (const PageKey& key : keys) request.add_page_keys(KeyBytes(key));
+  for (const PageKey& key : keys) request.add_page_keys(key.ToBytes());
   request.set_lease_ttl_ms(lease_ttl_ms);
   v1::LookupResponse response;
   grpc::ClientContext context;
@@ -115,8 +108,8 @@ absl::StatusOr<PutSummary> KvStoreClient::Put(std::span<const PutPage> pages) {
     if (!open) break;
     v1::PutRequest request;
     v1::PageHeader* header = request.mutable_header();
-    header->set_key(KeyBytes(page.key));
-    header->set_parent_key(KeyBytes(page.parent_key));
+    header->set_key(page.key.ToBytes());
+    header->set_parent_key(page.parent_key.ToBytes());
     header->set_page_index(page.page_index);
     header->set_encoding(page.encoding);
     header->set_byte_length(page.bytes.size());
@@ -140,7 +133,7 @@ absl::StatusOr<std::vector<FetchedPage>> KvStoreClient::Fetch(
   v1::FetchRequest request;
   for (const auto& [key, encoding] : pages) {
     v1::PageRef* ref = request.add_pages();
-    ref->set_key(KeyBytes(key));
+    ref->set_key(key.ToBytes());
     ref->set_encoding(encoding);
   }
   request.set_lease_id(lease_id);

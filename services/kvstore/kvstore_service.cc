@@ -130,17 +130,9 @@ constexpr size_t kEventsPerBatch = 256;
 constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
 
 absl::StatusOr<PageKey> ParseKey(const std::string& bytes, const std::string& field) {
-  if (bytes.size() != kPageKeyBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": a page key is 16 bytes, got ", bytes.size()));
-  }
-  PageKey key;
-  std::memcpy(key.bytes.data(), bytes.data(), kPageKeyBytes);
+  absl::StatusOr<PageKey> key = PageKey::FromBytes(bytes);
+  if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", key.status().message()));
   return key;
-}
-
-std::string KeyBytes(const PageKey& key) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
 }
 
 absl::StatusOr<std::vector<PageKey>> ParseKeys(
@@ -184,8 +176,8 @@ v1::RemovalReason ToProto(RemovalReason reason) {
 }
 
 void FillHeader(const PageMeta& meta, v1::PageHeader* header) {
-  header->set_key(KeyBytes(meta.key));
-  header->set_parent_key(KeyBytes(meta.parent_key));
+  header->set_key(meta.key.ToBytes());
+  header->set_parent_key(meta.parent_key.ToBytes());
   header->set_page_index(meta.page_index);
   header->set_encoding(ToProto(meta.form));
   header->set_byte_length(meta.byte_length);
@@ -303,7 +295,7 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
     response->set_lease_id(result.lease_id);
     for (const PageInfo& info : result.pages) {
       v1::PageInfo* out = response->add_pages();
-      out->set_key(KeyBytes(info.key));
+      out->set_key(info.key.ToBytes());
       out->set_primary_encoding(ToProto(info.primary_form));
       out->set_primary_bytes(info.primary_bytes);
       out->set_has_bf16_recent(info.has_bf16_recent);
@@ -495,9 +487,9 @@ grpc::Status KvStoreService::WatchEvents(grpc::ServerContext* context,
     switch (e.kind) {
       case PageEvent::Kind::kStored: {
         v1::PageStored* stored = out->mutable_stored();
-        stored->set_key(KeyBytes(e.page.key));
+        stored->set_key(e.page.key.ToBytes());
         // PageStored: empty parent for page 0 (and for a copy, whose primary carries it).
-        if (e.page.page_index > 0) stored->set_parent_key(KeyBytes(e.page.parent_key));
+        if (e.page.page_index > 0) stored->set_parent_key(e.page.parent_key.ToBytes());
         stored->set_page_index(e.page.page_index);
         stored->set_encoding(ToProto(e.page.form));
         stored->set_byte_length(e.page.byte_length);
@@ -505,7 +497,7 @@ grpc::Status KvStoreService::WatchEvents(grpc::ServerContext* context,
       }
       case PageEvent::Kind::kRemoved: {
         v1::PageRemoved* removed = out->mutable_removed();
-        removed->set_key(KeyBytes(e.page.key));
+        removed->set_key(e.page.key.ToBytes());
         removed->set_encoding(ToProto(e.page.form));
         removed->set_reason(ToProto(e.reason));
         break;

@@ -174,23 +174,18 @@ absl::Status ValidatePublicRequest(const v1::GenerateRequest& r) {
   return absl::OkStatus();
 }
 
-std::string KeyBytes(const PageKey& key) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
-}
-
 // Keys of 16 bytes from a repeated bytes field; InvalidArgument naming the field otherwise.
 absl::StatusOr<std::vector<PageKey>> KeysFromBytes(
     const google::protobuf::RepeatedPtrField<std::string>& field, const char* name) {
   std::vector<PageKey> keys;
   keys.reserve(field.size());
   for (int i = 0; i < field.size(); ++i) {
-    if (field[i].size() != kPageKeyBytes) {
+    absl::StatusOr<PageKey> key = PageKey::FromBytes(field[i]);
+    if (!key.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, "[", i, "]: a page key is 16 bytes, got ", field[i].size()));
+          absl::StrCat(name, "[", i, "]: ", key.status().message()));
     }
-    PageKey k;
-    std::copy_n(field[i].data(), kPageKeyBytes, k.bytes.data());
-    keys.push_back(k);
+    keys.push_back(*key);
   }
   return keys;
 }
@@ -453,10 +448,9 @@ void Router::WatchKvStore(const std::string& address) {
       std::vector<PageKey> stored, removed;
       for (const v1::PageEvent& e : response.events()) {
         const std::string& key = e.has_stored() ? e.stored().key() : e.removed().key();
-        if (key.size() != kPageKeyBytes) continue;
-        PageKey k;
-        std::copy_n(key.data(), kPageKeyBytes, k.bytes.data());
-        (e.has_stored() ? stored : removed).push_back(k);
+        absl::StatusOr<PageKey> k = PageKey::FromBytes(key);
+        if (!k.ok()) continue;
+        (e.has_stored() ? stored : removed).push_back(*k);
       }
       if (!stored.empty()) index_.OnStoreStored(stored);
       if (!removed.empty()) index_.OnStoreRemoved(removed);
@@ -602,7 +596,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   v1::RoutingHints* hints = forward.mutable_routing();
   hints->Clear();
   hints->set_router_id(r.options_.router_id);
-  for (const PageKey& k : keys) hints->add_prefix_page_keys(KeyBytes(k));
+  for (const PageKey& k : keys) hints->add_prefix_page_keys(k.ToBytes());
 
   absl::flat_hash_set<std::string> tried;
   grpc::Status last_error(grpc::StatusCode::UNAVAILABLE,

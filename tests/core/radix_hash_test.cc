@@ -125,6 +125,24 @@ TEST(PageKeyTest, HexRoundTrip) {
   EXPECT_EQ(*zero, PageKey{});
 }
 
+TEST(PageKeyTest, RawBytesRoundTripAndOnlySixteenBytesParse) {
+  PageKey key;
+  for (size_t i = 0; i < key.bytes.size(); ++i) key.bytes[i] = static_cast<uint8_t>(255 - i);
+  const std::string raw = key.ToBytes();
+  ASSERT_EQ(raw.size(), 16u);
+  EXPECT_EQ(static_cast<uint8_t>(raw[0]), 255);
+  EXPECT_EQ(static_cast<uint8_t>(raw[15]), 240);
+  absl::StatusOr<PageKey> parsed = PageKey::FromBytes(raw);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, key);
+  for (size_t n : {0, 15, 17, 32}) {
+    absl::StatusOr<PageKey> bad = PageKey::FromBytes(std::string(n, 'k'));
+    ASSERT_FALSE(bad.ok()) << n;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find(std::to_string(n)), std::string::npos);
+  }
+}
+
 TEST(PageKeyTest, BadHexRejected) {
   for (const std::string& hex :
        {std::string(""), std::string(31, 'a'), std::string(33, 'a'), std::string(64, 'a')}) {

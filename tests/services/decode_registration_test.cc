@@ -25,8 +25,7 @@ PageKey Key(uint8_t n) {
 }
 
 std::string KeyBytes(uint8_t n) {
-  const PageKey k = Key(n);
-  return std::string(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+  return Key(n).ToBytes();
 }
 
 std::vector<LocalPage> Chain(std::initializer_list<uint8_t> ids) {

@@ -25,10 +25,6 @@ using ::kvstrata::kvstore::testing::TestPage;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string KeyBytes(const PageKey& key) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
-}
-
 v1::PageEncoding ToProto(PageForm form) {
   switch (form) {
     case PageForm::kBf16:
@@ -72,8 +68,8 @@ class KvStoreServiceTest : public ::testing::Test {
     for (const TestPage& page : pages) {
       v1::PutRequest request;
       v1::PageHeader* header = request.mutable_header();
-      header->set_key(KeyBytes(page.meta.key));
-      header->set_parent_key(KeyBytes(page.meta.parent_key));
+      header->set_key(page.meta.key.ToBytes());
+      header->set_parent_key(page.meta.parent_key.ToBytes());
       header->set_page_index(page.meta.page_index);
       header->set_encoding(ToProto(page.meta.form));
       header->set_byte_length(page.meta.byte_length);
@@ -93,7 +89,7 @@ class KvStoreServiceTest : public ::testing::Test {
   grpc::Status Fetch(const std::vector<PageKey>& keys, uint64_t lease_id,
                      std::vector<std::string>* pages, uint32_t max_chunk = 4096) {
     v1::FetchRequest request;
-    for (const PageKey& key : keys) request.add_pages()->set_key(KeyBytes(key));
+    for (const PageKey& key : keys) request.add_pages()->set_key(key.ToBytes());
     request.set_lease_id(lease_id);
     request.set_max_chunk_bytes(max_chunk);
     grpc::ClientContext context;
@@ -131,7 +127,7 @@ TEST_F(KvStoreServiceTest, PutLookupFetchRoundTrip) {
   EXPECT_EQ(put.pages_already_present(), 3u);
 
   v1::LookupRequest lookup;
-  for (uint8_t id : {1, 2, 3, 4}) lookup.add_page_keys(KeyBytes(Key(id)));
+  for (uint8_t id : {1, 2, 3, 4}) lookup.add_page_keys(Key(id).ToBytes());
   lookup.set_lease_ttl_ms(5000);
   v1::LookupResponse found;
   grpc::ClientContext context;
@@ -139,7 +135,7 @@ TEST_F(KvStoreServiceTest, PutLookupFetchRoundTrip) {
   ASSERT_TRUE(stub_->Lookup(&context, lookup, &found).ok());
   EXPECT_EQ(found.matched_pages(), 3u);
   ASSERT_EQ(found.pages_size(), 3);
-  EXPECT_EQ(found.pages(1).key(), KeyBytes(Key(2)));
+  EXPECT_EQ(found.pages(1).key(), Key(2).ToBytes());
   EXPECT_EQ(found.pages(1).primary_encoding(), v1::PAGE_ENCODING_BF16);
   EXPECT_EQ(found.pages(1).primary_bytes(), chain[1].bytes.size());
   EXPECT_EQ(found.page_size_tokens(), 64u);
@@ -176,8 +172,8 @@ TEST_F(KvStoreServiceTest, PinReleaseAndStats) {
   v1::PutResponse put;
   ASSERT_TRUE(Put(MakeChain({1, 2}), &put).ok());
   v1::PinRequest pin;
-  pin.add_page_keys(KeyBytes(Key(2)));
-  pin.add_page_keys(KeyBytes(Key(7)));
+  pin.add_page_keys(Key(2).ToBytes());
+  pin.add_page_keys(Key(7).ToBytes());
   pin.set_ttl_ms(10000);
   v1::PinResponse pinned;
   {
@@ -239,10 +235,10 @@ TEST_F(KvStoreServiceTest, WatchEventsSendsSnapshotThenLiveEvents) {
   }
   ASSERT_EQ(events.size(), 2u);
   EXPECT_TRUE(events[0].snapshot());
-  EXPECT_EQ(events[0].stored().key(), KeyBytes(Key(1)));
+  EXPECT_EQ(events[0].stored().key(), Key(1).ToBytes());
   EXPECT_EQ(events[0].stored().parent_key(), "");
-  EXPECT_EQ(events[1].stored().key(), KeyBytes(Key(2)));
-  EXPECT_EQ(events[1].stored().parent_key(), KeyBytes(Key(1)));
+  EXPECT_EQ(events[1].stored().key(), Key(2).ToBytes());
+  EXPECT_EQ(events[1].stored().parent_key(), Key(1).ToBytes());
   EXPECT_EQ(events[1].sequence(), 2u);
 
   ASSERT_TRUE(Put({MakePage(Key(3), Key(2), 2)}, &put).ok());
@@ -250,7 +246,7 @@ TEST_F(KvStoreServiceTest, WatchEventsSendsSnapshotThenLiveEvents) {
   ASSERT_EQ(response.events_size(), 1);
   EXPECT_FALSE(response.events(0).snapshot());
   EXPECT_EQ(response.events(0).sequence(), 3u);
-  EXPECT_EQ(response.events(0).stored().key(), KeyBytes(Key(3)));
+  EXPECT_EQ(response.events(0).stored().key(), Key(3).ToBytes());
   EXPECT_EQ(response.events(0).stored().page_index(), 2u);
   context.TryCancel();
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
@@ -259,7 +255,7 @@ TEST_F(KvStoreServiceTest, WatchEventsSendsSnapshotThenLiveEvents) {
 TEST_F(KvStoreServiceTest, BadRequests) {
   {
     v1::LookupRequest lookup;
-    lookup.add_page_keys(KeyBytes(Key(1)));
+    lookup.add_page_keys(Key(1).ToBytes());
     lookup.add_page_keys("short");
     v1::LookupResponse response;
     grpc::ClientContext context;
@@ -270,7 +266,7 @@ TEST_F(KvStoreServiceTest, BadRequests) {
   }
   {
     v1::LookupRequest lookup;
-    for (int i = 0; i < 17; ++i) lookup.add_page_keys(KeyBytes(Key(1)));
+    for (int i = 0; i < 17; ++i) lookup.add_page_keys(Key(1).ToBytes());
     v1::LookupResponse response;
     grpc::ClientContext context;
     SetDeadline(context);
@@ -309,7 +305,7 @@ TEST_F(KvStoreServiceTest, BadRequests) {
   }
   {
     v1::PinRequest pin;
-    pin.add_page_keys(KeyBytes(Key(1)));
+    pin.add_page_keys(Key(1).ToBytes());
     v1::PinResponse response;
     grpc::ClientContext context;
     SetDeadline(context);

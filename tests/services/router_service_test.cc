@@ -391,7 +391,7 @@ TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThe
   hb.set_worker_id("b");
   hb.set_incarnation(42);
   for (int i = 0; i < 4; ++i) {
-    hb.add_stored_page_keys(std::string(reinterpret_cast<const char*>(keys[i].bytes.data()), 16));
+    hb.add_stored_page_keys(keys[i].ToBytes());
   }
   ASSERT_TRUE(Heartbeat(hb).ok());
 
@@ -415,7 +415,7 @@ TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThe
   ASSERT_EQ(f.routing().prefix_page_keys_size(), static_cast<int>(keys.size()));
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_EQ(f.routing().prefix_page_keys(static_cast<int>(i)),
-              std::string(reinterpret_cast<const char*>(keys[i].bytes.data()), 16));
+              keys[i].ToBytes());
   }
   EXPECT_EQ(f.routing().predicted_local_cached_tokens(), 4 * kPage);
   EXPECT_EQ(f.routing().router_id(), "router-0");
@@ -423,7 +423,7 @@ TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThe
   // Once b has removed those pages, nothing argues for b: the prediction drops to zero.
   hb.clear_stored_page_keys();
   for (int i = 0; i < 4; ++i) {
-    hb.add_removed_page_keys(std::string(reinterpret_cast<const char*>(keys[i].bytes.data()), 16));
+    hb.add_removed_page_keys(keys[i].ToBytes());
   }
   ASSERT_TRUE(Heartbeat(hb).ok());
   g.set_request_id("req-2");
@@ -548,7 +548,7 @@ TEST_F(RouterServiceTest, RequestsThatEndedSinceTheHeartbeatComeOffItsLoad) {
   hb.mutable_load()->set_free_pages(100);
   hb.mutable_load()->set_total_pages(100);
   for (const PageKey& k : keys) {
-    hb.add_stored_page_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 16));
+    hb.add_stored_page_keys(k.ToBytes());
   }
   ASSERT_TRUE(Heartbeat(hb).ok());
   v1::GenerateRequest g;
