@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "core/radix_hash.h"
 #include "rpc/status.h"
+#include "services/common/generate_input.h"
 
 namespace kvstrata::decode {
 
@@ -132,8 +133,6 @@ class DecodeMetrics {
 namespace {
 
 constexpr int kMaxStopStrings = 16;
-constexpr int kMaxRequestIdBytes = 128;
-constexpr int kMaxCacheSaltBytes = 256;
 constexpr uint32_t kLookupLeaseMs = 10000;
 constexpr char kServerVersion[] = "0.1.0";
 
@@ -167,18 +166,7 @@ absl::Status RangeError(const char* field, float v, const char* range) {
 
 // Field checks of the proto contract that need no engine.
 absl::Status ValidateRequest(const v1::GenerateRequest& r, int max_logprobs_top_n) {
-  if (r.request_id().size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request_id: at most ", kMaxRequestIdBytes, " bytes"));
-  }
-  for (char c : r.request_id()) {
-    if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError("request_id: must be printable ASCII");
-    }
-  }
-  if (r.input_case() == v1::GenerateRequest::INPUT_NOT_SET) {
-    return absl::InvalidArgumentError("input: one of text, token_ids or chat is required");
-  }
+  if (absl::Status s = ValidateRequestEnvelope(r); !s.ok()) return s;
   const v1::SamplingParams& s = r.sampling();
   if (s.has_temperature() && !InRange(s.temperature(), 0, 100)) {
     return RangeError("sampling.temperature", s.temperature(), "[0, 100]");
@@ -218,16 +206,6 @@ absl::Status ValidateRequest(const v1::GenerateRequest& r, int max_logprobs_top_
   if (r.priority() < -100 || r.priority() > 100) {
     return absl::InvalidArgumentError(
         absl::StrCat("priority=", r.priority(), " must be in [-100, 100]"));
-  }
-  if (r.cache_salt().size() > kMaxCacheSaltBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cache_salt: at most ", kMaxCacheSaltBytes, " bytes"));
-  }
-  for (int i = 0; i < r.routing().prefix_page_keys_size(); ++i) {
-    if (r.routing().prefix_page_keys(i).size() != 16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("routing.prefix_page_keys[", i, "]: must be 16 bytes"));
-    }
   }
   return absl::OkStatus();
 }
@@ -760,53 +738,10 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   }
 
   // Tokenise. The tokenizer and chat template are immutable (safe beside the engine thread).
-  std::vector<int32_t> prompt;
-  switch (request->input_case()) {
-    case v1::GenerateRequest::kText:
-      if (!request->text().empty()) prompt = engine_->EncodeText(request->text());
-      break;
-    case v1::GenerateRequest::kTokenIds:
-      for (int i = 0; i < request->token_ids().ids_size(); ++i) {
-        const uint32_t id = request->token_ids().ids(i);
-        if (id >= static_cast<uint32_t>(vocab_size_)) {
-          return reject(absl::InvalidArgumentError(absl::StrCat(
-              "token_ids.ids[", i, "]=", id, " is outside the vocabulary [0, ", vocab_size_, ")")));
-        }
-        prompt.push_back(static_cast<int32_t>(id));
-      }
-      break;
-    case v1::GenerateRequest::kChat: {
-      const v1::ChatInput& chat = request->chat();
-      if (chat.messages_size() == 0) {
-        return reject(absl::InvalidArgumentError("chat.messages: empty conversation"));
-      }
-      if (chat.apply_chat_template()) {
-        if (!has_chat_template_) {
-          return reject(absl::FailedPreconditionError(
-              "chat.apply_chat_template: the model has no chat template"));
-        }
-        std::vector<tokenizer::ChatMessage> messages;
-        for (const v1::ChatMessage& m : chat.messages()) {
-          messages.push_back({m.role(), m.content()});
-        }
-        absl::StatusOr<std::vector<int32_t>> ids =
-            engine_->EncodeChat(messages, chat.add_generation_prompt());
-        if (!ids.ok()) {
-          return reject(absl::Status(ids.status().code(),
-                                     absl::StrCat("chat.messages: ", ids.status().message())));
-        }
-        prompt = *std::move(ids);
-      } else {
-        std::string text;
-        for (const v1::ChatMessage& m : chat.messages()) text += m.content();
-        if (!text.empty()) prompt = engine_->EncodeText(text);
-      }
-      break;
-    }
-    case v1::GenerateRequest::INPUT_NOT_SET:
-      break;
-  }
-  if (prompt.empty()) return reject(absl::InvalidArgumentError("input: the prompt is empty"));
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      PromptTokens(*request, engine_->prompt_encoder(), vocab_size_);
+  if (!tokens.ok()) return reject(tokens.status());
+  const std::vector<int32_t> prompt = *std::move(tokens);
 
   const int prompt_size = static_cast<int>(prompt.size());
   int max_tokens = static_cast<int>(request->stop().max_tokens());

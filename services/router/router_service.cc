@@ -14,6 +14,7 @@
 #include "core/radix_hash.h"
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "rpc/status.h"
+#include "services/common/generate_input.h"
 
 namespace kvstrata::router {
 
@@ -129,8 +130,6 @@ struct InFlight {
 
 namespace {
 
-constexpr int kMaxRequestIdBytes = 128;
-constexpr int kMaxCacheSaltBytes = 256;
 
 uint64_t Micros(absl::Duration d) {
   return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(d)));
@@ -154,24 +153,6 @@ bool RetryableOnAnotherWorker(grpc::StatusCode code) {
 
 std::string CodeString(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-}
-
-absl::Status ValidatePublicRequest(const v1::GenerateRequest& r) {
-  if (r.request_id().size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request_id: at most ", kMaxRequestIdBytes, " bytes"));
-  }
-  for (char c : r.request_id()) {
-    if (c < 0x20 || c > 0x7e) return absl::InvalidArgumentError("request_id: must be printable ASCII");
-  }
-  if (r.input_case() == v1::GenerateRequest::INPUT_NOT_SET) {
-    return absl::InvalidArgumentError("input: one of text, token_ids or chat is required");
-  }
-  if (r.cache_salt().size() > kMaxCacheSaltBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cache_salt: at most ", kMaxCacheSaltBytes, " bytes"));
-  }
-  return absl::OkStatus();
 }
 
 // Keys of 16 bytes from a repeated bytes field; InvalidArgument naming the field otherwise.
@@ -486,7 +467,7 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
     m.rejected.With({absl::StatusCodeToString(status.code())}).Increment();
     return rpc::ToGrpcStatus(status);
   };
-  if (absl::Status s = ValidatePublicRequest(*request); !s.ok()) return fail(s);
+  if (absl::Status s = ValidateRequestEnvelope(*request); !s.ok()) return fail(s);
   const std::optional<PoolIdentity> identity = r.identity();
   if (identity && !request->model().empty() && request->model() != identity->model) {
     return fail(absl::NotFoundError(absl::StrCat("model: '", request->model(),
@@ -495,52 +476,10 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
   }
 
   // Tokenise once; the workers get token ids.
-  const tokenizer::PromptEncoder& encoder = r.encoder_;
-  std::vector<int32_t> prompt;
-  switch (request->input_case()) {
-    case v1::GenerateRequest::kText:
-      if (!request->text().empty()) prompt = encoder.EncodeText(request->text());
-      break;
-    case v1::GenerateRequest::kTokenIds: {
-      const uint32_t vocab = static_cast<uint32_t>(encoder.tokenizer().vocab_size());
-      for (int i = 0; i < request->token_ids().ids_size(); ++i) {
-        const uint32_t id = request->token_ids().ids(i);
-        if (id >= vocab) {
-          return fail(absl::InvalidArgumentError(absl::StrCat(
-              "token_ids.ids[", i, "]=", id, " is outside the vocabulary [0, ", vocab, ")")));
-        }
-        prompt.push_back(static_cast<int32_t>(id));
-      }
-      break;
-    }
-    case v1::GenerateRequest::kChat: {
-      const v1::ChatInput& chat = request->chat();
-      if (chat.messages_size() == 0) {
-        return fail(absl::InvalidArgumentError("chat.messages: empty conversation"));
-      }
-      if (chat.apply_chat_template()) {
-        std::vector<tokenizer::ChatMessage> messages;
-        for (const v1::ChatMessage& msg : chat.messages()) {
-          messages.push_back({msg.role(), msg.content()});
-        }
-        absl::StatusOr<std::vector<int32_t>> ids =
-            encoder.EncodeChat(messages, chat.add_generation_prompt());
-        if (!ids.ok()) {
-          return fail(absl::Status(ids.status().code(),
-                                   absl::StrCat("chat.messages: ", ids.status().message())));
-        }
-        prompt = *std::move(ids);
-      } else {
-        std::string text;
-        for (const v1::ChatMessage& msg : chat.messages()) text += msg.content();
-        if (!text.empty()) prompt = encoder.EncodeText(text);
-      }
-      break;
-    }
-    case v1::GenerateRequest::INPUT_NOT_SET:
-      break;
-  }
-  if (prompt.empty()) return fail(absl::InvalidArgumentError("input: the prompt is empty"));
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      PromptTokens(*request, r.encoder_, r.encoder_.tokenizer().vocab_size());
+  if (!tokens.ok()) return fail(tokens.status());
+  const std::vector<int32_t> prompt = *std::move(tokens);
 
   // The prompt's cacheable pages (one token is always left to prefill), in its namespace.
   std::vector<PageKey> keys;
