@@ -667,16 +667,16 @@ grpc::Status RouterService::Generate(grpc::ServerContext* context,
                   u.cached_kvstore_tokens(), u.completion_tokens(),
                   absl::ToDoubleMilliseconds(now - start));
         }
-        bool keeps_local;
-        {
-          std::lock_guard<std::mutex> lock(r.mu_);
-          Router::WorkerState& state = r.worker_states_[decision->worker_id];
-          if (u.cached_local_tokens() > 0) state.keeps_local_pages = true;
-          keeps_local = state.keeps_local_pages;
+        // A local hit shows the worker keeps a local tier though it did not say so: from now on
+        // its requests claim their pages at routing time (above). This one's pages were not
+        // claimed; the worker holds them now.
+        if (!claimed && u.cached_local_tokens() > 0) {
+          {
+            std::lock_guard<std::mutex> lock(r.mu_);
+            r.worker_states_[decision->worker_id].keeps_local_pages = true;
+          }
+          if (!keys.empty()) r.index_.OnWorkerStored(decision->worker_id, keys);
         }
-        // The worker's local tier now holds the prompt's pages; the next heartbeat would say so
-        // too, but a request arriving before it should already see them.
-        if (keeps_local && !keys.empty()) r.index_.OnWorkerStored(decision->worker_id, keys);
       }
       if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
         m.requests.With({v1::FinishReason_Name(message.finish_reason())}).Increment();
