@@ -1,9 +1,6 @@
 #include "core/metrics.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,28 +10,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/loopback.h"
+
 namespace kvstrata {
 namespace {
 
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request =
-      "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
-  std::string response;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-  close(fd);
-  return response;
-}
+using ::kvstrata::testing::HttpGetResponse;
 
 MetricsRegistry& Populated(MetricsRegistry& r) {
   auto& requests =
@@ -97,12 +78,12 @@ TEST(MetricsServer, ServesMetricsThatPromtoolAccepts) {
   auto server = MetricsServer::Start(&r, "127.0.0.1:0", &error);
   ASSERT_NE(server, nullptr) << error;
   ASSERT_GT(server->port(), 0);
-  const std::string response = HttpGet(server->port(), "/metrics");
+  const std::string response = HttpGetResponse(server->port(), "/metrics");
   ASSERT_NE(response.find("200 OK"), std::string::npos) << response;
   ASSERT_NE(response.find("text/plain; version=0.0.4"), std::string::npos);
   const std::string body = response.substr(response.find("\r\n\r\n") + 4);
   EXPECT_EQ(body, r.Render());
-  EXPECT_NE(HttpGet(server->port(), "/nope").find("404"), std::string::npos);
+  EXPECT_NE(HttpGetResponse(server->port(), "/nope").find("404"), std::string::npos);
   // promtool (Debian's prometheus package) lints the exposition.
   const std::string path = ::testing::TempDir() + "/metrics.txt";
   std::ofstream(path) << body;

@@ -131,6 +131,35 @@ tokenizer::PromptEncoder TinyEncoder() {
   return *std::move(e);
 }
 
+// Polls `done` until it holds or 5 s have passed; returns whether it held.
+template <typename Done>
+bool WaitUntil(Done done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (!done()) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// A Generate call left running (on a hanging worker) until the test ends it.
+struct OpenCall {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+
+  OpenCall(v1::Generation::Stub& stub, const v1::GenerateRequest& request) {
+    reader = stub.Generate(&context, request);
+  }
+  // Cancels the call, reads what is left and returns its status.
+  grpc::Status CancelAndFinish() {
+    context.TryCancel();
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  }
+};
+
 class RouterServiceTest : public ::testing::Test {
  protected:
   void Start(RouterOptions options) {
@@ -337,9 +366,7 @@ TEST_F(RouterServiceTest, SilentWorkerIsDroppedAndMustRegisterAgain) {
   ASSERT_TRUE(Register(Registration("w1", "127.0.0.1:1")).ok());
   EXPECT_EQ(AvailableWorkers(), 1u);
   clock_.Advance(absl::Seconds(10));  // far past 3 x 20 ms
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while (AvailableWorkers() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_EQ(AvailableWorkers(), 0u);
+  EXPECT_TRUE(WaitUntil([&] { return AvailableWorkers() == 0; }));
   v1::HeartbeatRequest hb;
   hb.set_worker_id("w1");
   hb.set_incarnation(42);
@@ -471,31 +498,15 @@ TEST_F(RouterServiceTest, ARequestInFlightClaimsItsPromptForItsWorker) {
   }
   v1::GenerateRequest g;
   g.set_text(Text(4));
-  grpc::ClientContext c1, c2;
-  auto r1 = gen_stub_->Generate(&c1, g);
-  auto wait_for = [](Worker& w, size_t n) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(5);
-    while (w.service->received().size() < n && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  };
-  wait_for(a, 1);
-  ASSERT_EQ(a.service->received().size(), 1u);  // ties go to the first id
-  auto r2 = gen_stub_->Generate(&c2, g);
-  wait_for(a, 2);
-  EXPECT_EQ(a.service->received().size(), 2u);
+  OpenCall first(*gen_stub_, g);
+  ASSERT_TRUE(WaitUntil([&] { return a.service->received().size() == 1; }))
+      << "ties go to the first id";
+  OpenCall second(*gen_stub_, g);
+  ASSERT_TRUE(WaitUntil([&] { return a.service->received().size() == 2; }));
   EXPECT_TRUE(b.service->received().empty());
-  ASSERT_EQ(a.service->received().size(), 2u);
   EXPECT_GT(a.service->received()[1].routing().predicted_local_cached_tokens(), 0u);
-  c1.TryCancel();
-  c2.TryCancel();
-  v1::GenerateResponse m;
-  while (r1->Read(&m)) {
-  }
-  while (r2->Read(&m)) {
-  }
-  r1->Finish();
-  r2->Finish();
+  first.CancelAndFinish();
+  second.CancelAndFinish();
 }
 
 // Heartbeats report queues up to an interval late; the router counts what it sent itself.
@@ -507,29 +518,14 @@ TEST_F(RouterServiceTest, LoadCountsTheRoutersOwnRequestsInFlight) {
   ASSERT_TRUE(Register(Registration("b", b.server->address())).ok());
   v1::GenerateRequest g;
   g.set_text("first");
-  grpc::ClientContext c1, c2;
-  auto r1 = gen_stub_->Generate(&c1, g);
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while (a.service->received().empty() && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(a.service->received().size(), 1u);
+  OpenCall first(*gen_stub_, g);
+  ASSERT_TRUE(WaitUntil([&] { return a.service->received().size() == 1; }));
   g.set_text("second");
-  auto r2 = gen_stub_->Generate(&c2, g);  // no heartbeat in between: a still reports 0
-  while (b.service->received().empty() && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_EQ(b.service->received().size(), 1u);
+  OpenCall second(*gen_stub_, g);  // no heartbeat in between: a still reports 0
+  EXPECT_TRUE(WaitUntil([&] { return b.service->received().size() == 1; }));
   EXPECT_EQ(a.service->received().size(), 1u);
-  c1.TryCancel();
-  c2.TryCancel();
-  v1::GenerateResponse m;
-  while (r1->Read(&m)) {
-  }
-  while (r2->Read(&m)) {
-  }
-  r1->Finish();
-  r2->Finish();
+  first.CancelAndFinish();
+  second.CancelAndFinish();
 }
 
 // A heartbeat's queue still counts requests that ended after it; the router takes off those it
@@ -608,23 +604,11 @@ TEST_F(RouterServiceTest, ClientCancellationReachesTheWorkerBeforeItsFirstToken)
   ASSERT_TRUE(Register(Registration("slow", w.server->address())).ok());
   v1::GenerateRequest g;
   g.set_text("hello");
-  grpc::ClientContext c;
-  auto reader = gen_stub_->Generate(&c, g);
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while (w.service->received().empty() && absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(w.service->received().size(), 1u);
+  OpenCall call(*gen_stub_, g);
+  ASSERT_TRUE(WaitUntil([&] { return w.service->received().size() == 1; }));
   const absl::Time cancelled_at = absl::Now();
-  c.TryCancel();
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-  }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  while (!w.service->cancelled() && absl::Now() < cancelled_at + absl::Seconds(5)) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_TRUE(w.service->cancelled());
+  EXPECT_EQ(call.CancelAndFinish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitUntil([&] { return w.service->cancelled(); }));
   EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(2));
 }
 
@@ -641,9 +625,8 @@ TEST_F(RouterServiceTest, DeadlineIsPassedToTheWorker) {
   while (reader->Read(&m)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while (!w.service->cancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_TRUE(w.service->cancelled());  // the worker's call ended at the same deadline
+  // The worker's call ended at the same deadline.
+  EXPECT_TRUE(WaitUntil([&] { return w.service->cancelled(); }));
 }
 
 TEST_F(RouterServiceTest, RequestErrorsFromTheWorkerAreNotRetried) {
