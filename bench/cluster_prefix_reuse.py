@@ -20,25 +20,14 @@ Standard library only.
 
 import argparse
 import json
-import os
 import pathlib
-import re
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+import urllib.request
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SUMMARY = re.compile(r"worker=(\S+) .* prompt_tokens=(\d+) cached_local=(\d+) "
-                     r"cached_kvstore=(\d+) .* ttft_ms=([\d.]+) total_ms=([\d.]+)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+from local_cluster import ROOT, LocalCluster  # noqa: E402
 
 
 def system_prompt(variant):
@@ -49,27 +38,15 @@ def system_prompt(variant):
     return f"You are support assistant number {variant} of Northwind Outfitters.\n" + rules
 
 
-def ask(kvstrata, router, system, question, env):
-    done = subprocess.run(
-        [kvstrata, "request", f"--target={router}", "--chat", f"--system={system}",
-         f"--prompt={question}", "--max_tokens=4", "--deadline_ms=300000"],
-        env=env, check=True, capture_output=True, text=True)
-    m = SUMMARY.search(done.stderr)
-    if not m:
-        raise RuntimeError(f"no summary line in: {done.stderr}")
-    return {"worker": m[1], "prompt_tokens": int(m[2]), "cached_local": int(m[3]),
-            "cached_kvstore": int(m[4]), "ttft_ms": float(m[5]), "total_ms": float(m[6])}
-
-
-def wait_stored(kvstrata, metrics_port, at_least, timeout=60):
+def wait_stored(metrics_port, at_least, timeout=60):
+    """Until the kvstore holds `at_least` pages (its kvstrata_kvstore_pages gauge)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            body = subprocess.run(["curl", "-s", f"http://127.0.0.1:{metrics_port}/metrics"],
-                                  capture_output=True, text=True).stdout
-            for line in body.splitlines():
-                if line.startswith("kvstrata_kvstore_pages "):
-                    if float(line.split()[1]) >= at_least:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("kvstrata_kvstore_pages ") and \
+                            float(line.split()[1]) >= at_least:
                         return
         except OSError:
             pass
@@ -84,25 +61,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="fresh system prompts (default 5)")
     parser.add_argument("--out", help="write the raw rows here as JSON")
     args = parser.parse_args()
-    build = pathlib.Path(args.build_dir).resolve()
-    kvstrata = str(build / "bin" / "kvstrata")
-    ports = {n: free_port() for n in [
-        "ROUTER_PORT", "ROUTER_METRICS_PORT", "DECODE0_PORT", "DECODE0_METRICS_PORT",
-        "DECODE1_PORT", "DECODE1_METRICS_PORT", "KVSTORE_PORT", "KVSTORE_METRICS_PORT"]}
-    work = pathlib.Path(tempfile.mkdtemp(prefix="kvstrata-bench-"))
-    env = dict(os.environ, BUILD_DIR=str(build), KVSTRATA_CLUSTER_DIR=str(work),
-               KVSTRATA_ROUTER_POLICY="round-robin",
-               **{f"KVSTRATA_{k}": str(v) for k, v in ports.items()})
-    cluster = [str(ROOT / "scripts" / "cluster.sh")]
-    router = f"127.0.0.1:{ports['ROUTER_PORT']}"
     rows = []
-    subprocess.run(cluster + ["up"], env=env, check=True, stdout=sys.stderr)
-    try:
+    with LocalCluster(args.build_dir, policy="round-robin") as cluster:
         stored = 0
         for r in range(args.rounds):
             system = system_prompt(r)
             for i, condition in enumerate(["cold", "kvstore", "local", "local"]):
-                row = ask(kvstrata, router, system, f"Which rule covers order {4100 + i}?", env)
+                row = cluster.request(system, f"Which rule covers order {4100 + i}?", 4)
                 row.update(condition=condition, round=r)
                 rows.append(row)
                 print(f"round {r} {condition:7s} {row['worker']}: ttft {row['ttft_ms']:.0f} ms, "
@@ -110,9 +75,7 @@ def main():
                       f"{row['prompt_tokens']}", file=sys.stderr, flush=True)
                 if condition == "cold":
                     stored += (row["prompt_tokens"] - 1) // 64
-                    wait_stored(kvstrata, ports["KVSTORE_METRICS_PORT"], stored)
-    finally:
-        subprocess.run(cluster + ["down"], env=env, stdout=sys.stderr)
+                    wait_stored(cluster.ports["KVSTORE_METRICS_PORT"], stored)
     for row in rows:
         expected = {"cold": (0, 0), "kvstore": (0, 1), "local": (1, 0)}[row["condition"]]
         got = (row["cached_local"] > 0, row["cached_kvstore"] > 0)

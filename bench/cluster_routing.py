@@ -15,28 +15,18 @@ Standard library only.
 
 import argparse
 import json
-import os
 import pathlib
 import random
 import re
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SUMMARY = re.compile(r"worker=(\S+) .* prompt_tokens=(\d+) cached_local=(\d+) "
-                     r"cached_kvstore=(\d+) .* ttft_ms=([\d.]+) total_ms=([\d.]+)")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+from local_cluster import ROOT, LocalCluster  # noqa: E402
+
 PREDICTED = re.compile(r"predicted cached (\d+) .*actual (\d+)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def system_prompt(team, rules):
@@ -45,51 +35,30 @@ def system_prompt(team, rules):
         "requester the same day.\n" for i in range(rules))
 
 
-def run_policy(policy, args, build):
-    kvstrata = str(build / "bin" / "kvstrata")
-    ports = {n: free_port() for n in [
-        "ROUTER_PORT", "ROUTER_METRICS_PORT", "DECODE0_PORT", "DECODE0_METRICS_PORT",
-        "DECODE1_PORT", "DECODE1_METRICS_PORT", "KVSTORE_PORT", "KVSTORE_METRICS_PORT"]}
-    work = pathlib.Path(tempfile.mkdtemp(prefix=f"kvstrata-routing-{policy}-"))
-    env = dict(os.environ, BUILD_DIR=str(build), KVSTRATA_CLUSTER_DIR=str(work),
-               KVSTRATA_ROUTER_POLICY=policy,
-               **{f"KVSTRATA_{k}": str(v) for k, v in ports.items()})
-    cluster = [str(ROOT / "scripts" / "cluster.sh")]
-    router = f"127.0.0.1:{ports['ROUTER_PORT']}"
+def run_policy(policy, args):
     teams = [f"team-{chr(ord('a') + i)}" for i in range(args.prompts)]
     rows, lock = [], threading.Lock()
+    with LocalCluster(args.build_dir, policy=policy) as cluster:
+        def client(c):
+            rng = random.Random(1000 + c)
+            for i in range(args.requests):
+                team = rng.choice(teams)
+                row = cluster.request(system_prompt(team, args.prompt_rules),
+                                      f"Question {c}-{i}: who replies first?", 8,
+                                      deadline_ms=600000)
+                row.update(policy=policy, client=c, team=team)
+                with lock:
+                    rows.append(row)
 
-    def client(c):
-        rng = random.Random(1000 + c)
-        for i in range(args.requests):
-            team = rng.choice(teams)
-            done = subprocess.run(
-                [kvstrata, "request", f"--target={router}", "--chat",
-                 f"--system={system_prompt(team, args.prompt_rules)}",
-                 f"--prompt=Question {c}-{i}: who replies first?", "--max_tokens=8",
-                 "--deadline_ms=600000"], env=env, capture_output=True, text=True)
-            m = SUMMARY.search(done.stderr)
-            if done.returncode != 0 or not m:
-                raise RuntimeError(f"request failed: {done.stderr}")
-            with lock:
-                rows.append({"policy": policy, "client": c, "team": team, "worker": m[1],
-                             "prompt_tokens": int(m[2]), "cached_local": int(m[3]),
-                             "cached_kvstore": int(m[4]), "ttft_ms": float(m[5]),
-                             "total_ms": float(m[6])})
-
-    subprocess.run(cluster + ["up"], env=env, check=True, stdout=sys.stderr)
-    start = time.time()
-    try:
+        start = time.time()
         threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    finally:
         wall = time.time() - start
-        subprocess.run(cluster + ["down"], env=env, stdout=sys.stderr)
     predicted = actual = 0
-    for line in (work / "router.log").read_text().splitlines():
+    for line in (cluster.work / "router.log").read_text().splitlines():
         m = PREDICTED.search(line)
         if m:
             predicted += int(m[1])
@@ -108,14 +77,13 @@ def main():
     parser.add_argument("--prompt-rules", type=int, default=20)
     parser.add_argument("--out")
     args = parser.parse_args()
-    build = pathlib.Path(args.build_dir).resolve()
     all_rows = []
     print("| policy | hit ratio (local + kvstore) | local | kvstore | predicted / actual cached "
           "| mean TTFT (ms) | median TTFT (ms) | wall (s) | requests per worker |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for policy in args.policies.split(","):
         print(f"running {policy}", file=sys.stderr, flush=True)
-        rows, wall, predicted, actual = run_policy(policy, args, build)
+        rows, wall, predicted, actual = run_policy(policy, args)
         all_rows += rows
         prompt = sum(r["prompt_tokens"] for r in rows)
         local = sum(r["cached_local"] for r in rows)

@@ -14,11 +14,9 @@ Usage: prometheus_e2e_test.py BUILD_DIR   (standard library only; needs `prometh
 """
 
 import json
-import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,9 @@ import time
 import urllib.parse
 import urllib.request
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+from local_cluster import ROOT, LocalCluster, free_port  # noqa: E402
+
 MONITORING = ROOT / "deploy" / "k8s" / "monitoring"
 SYSTEM_PROMPT = "You are the support assistant of Northwind Outfitters. Follow these rules.\n" + "".join(
     f"Rule {i + 1}: for questions about order {4100 + 37 * i}, check the record, confirm the "
@@ -34,12 +34,6 @@ SYSTEM_PROMPT = "You are the support assistant of Northwind Outfitters. Follow t
     for i in range(24))
 QUESTIONS = ["Which rule covers order 4211?", "What do I confirm first?",
              "How fast must I answer?", "What is rule 2 about?"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url, timeout=10):
@@ -91,30 +85,14 @@ def main():
         print("prometheus is not installed (scripts/install-deps.sh installs it)", file=sys.stderr)
         return 1
     work = pathlib.Path(tempfile.mkdtemp(prefix="kvstrata-prom-e2e-"))
-    ports = {name: free_port() for name in [
-        "ROUTER_PORT", "ROUTER_METRICS_PORT", "DECODE0_PORT", "DECODE0_METRICS_PORT",
-        "DECODE1_PORT", "DECODE1_METRICS_PORT", "KVSTORE_PORT", "KVSTORE_METRICS_PORT"]}
-    env = dict(os.environ, BUILD_DIR=str(build_dir), KVSTRATA_CLUSTER_DIR=str(work / "cluster"),
-               KVSTRATA_ROUTER_POLICY="round-robin",
-               **{f"KVSTRATA_{k}": str(v) for k, v in ports.items()})
-    cluster = [str(ROOT / "scripts" / "cluster.sh")]
-    kvstrata = str(build_dir / "bin" / "kvstrata")
-    router = f"127.0.0.1:{ports['ROUTER_PORT']}"
     prom_port = free_port()
-    prometheus = None
     failures = []
-    try:
-        print("starting the local cluster", flush=True)
-        subprocess.run(cluster + ["up"], env=env, check=True)
-
-        targets = {
-            "kvstrata-router": [ports["ROUTER_METRICS_PORT"]],
-            "kvstrata-decode": [ports["DECODE0_METRICS_PORT"], ports["DECODE1_METRICS_PORT"]],
-            "kvstrata-kvstore": [ports["KVSTORE_METRICS_PORT"]],
-        }
+    print("starting the local cluster", flush=True)
+    cluster = LocalCluster(build_dir, policy="round-robin")
+    with cluster:
         config = ["global:", "  scrape_interval: 1s", "  evaluation_interval: 1s",
                   "rule_files:", f"  - {MONITORING / 'kvstrata.rules.yml'}", "scrape_configs:"]
-        for job, job_ports in targets.items():
+        for job, job_ports in cluster.metrics_ports.items():
             config += [f"  - job_name: {job}", "    static_configs:",
                        "      - targets: [" + ", ".join(f"'127.0.0.1:{p}'" for p in job_ports)
                        + "]"]
@@ -124,63 +102,68 @@ def main():
             ["prometheus", f"--config.file={work / 'prometheus.yml'}",
              f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=open(work / "prometheus.log", "w"), stderr=subprocess.STDOUT)
-        wait_for("prometheus to be ready",
-                 lambda: "Ready" in http_get(f"http://127.0.0.1:{prom_port}/-/ready"), 60)
-        wait_for("every target to be up", lambda: len(
-            [r for r in query(prom_port, "up == 1")]) == 4, 60)
-
-        # Shared-prefix load. Round-robin alternates the workers: the second request's prefix is
-        # fetched from the kvstore once the first worker has published it, later ones hit locally.
-        for i, question in enumerate(QUESTIONS):
-            print(f"request {i + 1}: {question}", flush=True)
-            subprocess.run([kvstrata, "request", f"--target={router}", "--chat",
-                            f"--system={SYSTEM_PROMPT}", f"--prompt={question}",
-                            "--max_tokens=8", "--deadline_ms=120000"],
-                           env=env, check=True, stdout=subprocess.DEVNULL)
-            if i == 0:
-                wait_for("the first request's pages in the kvstore", lambda: any(
-                    float(r["value"][1]) > 0
-                    for r in query(prom_port, "kvstrata_kvstore_pages")), 30)
-        # Let every rule evaluate over scrapes that saw the whole load.
-        time.sleep(5)
-
-        groups = json.loads(http_get(f"http://127.0.0.1:{prom_port}/api/v1/rules"))["data"]["groups"]
-        for group in groups:
-            for rule in group["rules"]:
-                if rule.get("health") != "ok":
-                    failures.append(f"rule {rule['name']}: health {rule.get('health')}: "
-                                    f"{rule.get('lastError')}")
-        print(f"{sum(len(g['rules']) for g in groups)} rules loaded", flush=True)
-
-        for name in recording_rules():
-            result = query(prom_port, name)
-            print(f"  recording rule {name}: {len(result)} series", flush=True)
-            if not result:
-                failures.append(f"recording rule {name} has no data")
-        for title, expr in dashboard_queries():
-            result = query(prom_port, expr)
-            print(f"  panel '{title}': {len(result)} series", flush=True)
-            if not result:
-                failures.append(f"dashboard panel '{title}' query has no data: {expr}")
-    finally:
-        if prometheus is not None:
+        try:
+            failures = check(cluster, prom_port)
+        except (OSError, RuntimeError, TimeoutError) as e:
+            failures = [f"{type(e).__name__}: {e}"]
+        finally:
             prometheus.send_signal(signal.SIGTERM)
             try:
                 prometheus.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 prometheus.kill()
-        subprocess.run(cluster + ["down"], env=env)
-        if failures:
-            for log in sorted((work / "cluster").glob("*.log")) + [work / "prometheus.log"]:
-                if log.exists():
-                    print(f"---- {log.name} (tail) ----\n{log.read_text()[-2000:]}")
+    if failures:
+        for log in cluster.logs() + [work / "prometheus.log"]:
+            if log.exists():
+                print(f"---- {log.name} (tail) ----\n{log.read_text()[-2000:]}")
     for f in failures:
         print(f"FAIL: {f}")
     print("OK: every rule healthy, every recording rule and dashboard query has data"
           if not failures else f"{len(failures)} problem(s)")
     if not failures:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(cluster.work, ignore_errors=True)
     return 1 if failures else 0
+
+
+def check(cluster, prom_port):
+    """Drives the load, then checks the rules and dashboard queries; the failures found."""
+    failures = []
+    wait_for("prometheus to be ready",
+             lambda: "Ready" in http_get(f"http://127.0.0.1:{prom_port}/-/ready"), 60)
+    wait_for("every target to be up", lambda: len(query(prom_port, "up == 1")) == 4, 60)
+
+    # Shared-prefix load. Round-robin alternates the workers: the second request's prefix is
+    # fetched from the kvstore once the first worker has published it, later ones hit locally.
+    for i, question in enumerate(QUESTIONS):
+        print(f"request {i + 1}: {question}", flush=True)
+        cluster.request(SYSTEM_PROMPT, question, 8, deadline_ms=120000)
+        if i == 0:
+            wait_for("the first request's pages in the kvstore", lambda: any(
+                float(r["value"][1]) > 0
+                for r in query(prom_port, "kvstrata_kvstore_pages")), 30)
+    # Let every rule evaluate over scrapes that saw the whole load.
+    time.sleep(5)
+
+    groups = json.loads(http_get(f"http://127.0.0.1:{prom_port}/api/v1/rules"))["data"]["groups"]
+    for group in groups:
+        for rule in group["rules"]:
+            if rule.get("health") != "ok":
+                failures.append(f"rule {rule['name']}: health {rule.get('health')}: "
+                                f"{rule.get('lastError')}")
+    print(f"{sum(len(g['rules']) for g in groups)} rules loaded", flush=True)
+
+    for name in recording_rules():
+        result = query(prom_port, name)
+        print(f"  recording rule {name}: {len(result)} series", flush=True)
+        if not result:
+            failures.append(f"recording rule {name} has no data")
+    for title, expr in dashboard_queries():
+        result = query(prom_port, expr)
+        print(f"  panel '{title}': {len(result)} series", flush=True)
+        if not result:
+            failures.append(f"dashboard panel '{title}' query has no data: {expr}")
+    return failures
 
 
 if __name__ == "__main__":
