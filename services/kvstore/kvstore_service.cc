@@ -123,6 +123,18 @@ class KvStoreMetrics {
   PageStoreStats last_;
 };
 
+v1::PageEncoding ToProto(PageForm form) {
+  switch (form) {
+    case PageForm::kBf16:
+      return v1::PAGE_ENCODING_BF16;
+    case PageForm::kInt2:
+      return v1::PAGE_ENCODING_INT2;
+    case PageForm::kBf16Recent:
+      return v1::PAGE_ENCODING_BF16_RECENT;
+  }
+  return v1::PAGE_ENCODING_UNSPECIFIED;
+}
+
 namespace {
 
 constexpr size_t kEventsPerBatch = 256;
@@ -149,18 +161,6 @@ absl::StatusOr<std::vector<PageKey>> ParseKeys(
     out.push_back(key);
   }
   return out;
-}
-
-v1::PageEncoding ToProto(PageForm form) {
-  switch (form) {
-    case PageForm::kBf16:
-      return v1::PAGE_ENCODING_BF16;
-    case PageForm::kInt2:
-      return v1::PAGE_ENCODING_INT2;
-    case PageForm::kBf16Recent:
-      return v1::PAGE_ENCODING_BF16_RECENT;
-  }
-  return v1::PAGE_ENCODING_UNSPECIFIED;
 }
 
 v1::RemovalReason ToProto(RemovalReason reason) {

@@ -26,6 +26,9 @@ struct KvStoreServiceOptions {
 
 class KvStoreMetrics;
 
+// The wire encoding of a stored page form (PAGE_ENCODING_BF16, _INT2, _BF16_RECENT).
+v1::PageEncoding ToProto(PageForm form);
+
 class KvStoreService final : public v1::KvStore::Service {
  public:
   // `store` and `registry` are borrowed and must outlive the service; the metrics are added to

@@ -30,8 +30,8 @@
 namespace kvstrata::kvstore {
 namespace {
 
-using ::kvstrata::testing::FreePort;
-using ::kvstrata::testing::HttpGet;
+using ::kvstrata::test_util::FreePort;
+using ::kvstrata::test_util::HttpGet;
 
 using ::testing::HasSubstr;
 

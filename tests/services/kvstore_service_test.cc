@@ -25,18 +25,6 @@ using ::kvstrata::kvstore::testing::TestPage;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-v1::PageEncoding ToProto(PageForm form) {
-  switch (form) {
-    case PageForm::kBf16:
-      return v1::PAGE_ENCODING_BF16;
-    case PageForm::kInt2:
-      return v1::PAGE_ENCODING_INT2;
-    case PageForm::kBf16Recent:
-      return v1::PAGE_ENCODING_BF16_RECENT;
-  }
-  return v1::PAGE_ENCODING_UNSPECIFIED;
-}
-
 void SetDeadline(grpc::ClientContext& context, int seconds = 10) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
 }

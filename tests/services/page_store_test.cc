@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tests/services/test_pages.h"
+#include "tests/testing/fake_clock.h"
 
 namespace kvstrata::kvstore {
 namespace {
@@ -18,14 +19,7 @@ using ::kvstrata::kvstore::testing::TestPage;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class FakeClock final : public Clock {
- public:
-  absl::Time Now() const override { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
-};
+using ::kvstrata::test_util::FakeClock;
 
 constexpr uint64_t kBf16PageBytes = 16448;
 

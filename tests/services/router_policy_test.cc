@@ -20,6 +20,7 @@
 #include "services/router/policy.h"
 #include "services/router/prefix_index.h"
 #include "services/router/worker_table.h"
+#include "tests/testing/fake_clock.h"
 
 namespace kvstrata::router {
 namespace {
@@ -29,14 +30,7 @@ using ::testing::IsEmpty;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
 
-class FakeClock final : public Clock {
- public:
-  absl::Time Now() const override { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1000);
-};
+using ::kvstrata::test_util::FakeClock;
 
 // Page `page` of chain `chain` (distinct chains never share keys).
 PageKey Key(uint32_t chain, uint32_t page) {

@@ -27,6 +27,7 @@
 #include "model/tiny_model.h"
 #include "rpc/server.h"
 #include "tokenizer/prompt_encoder.h"
+#include "tests/testing/fake_clock.h"
 
 namespace kvstrata::router {
 namespace {
@@ -35,21 +36,7 @@ constexpr char kFingerprint[] = "f00d";
 constexpr char kFormat[] = "int2-g64-sink64-recent256-p64";
 constexpr uint32_t kPage = 64;
 
-class FakeClock final : public Clock {
- public:
-  absl::Time Now() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    std::lock_guard<std::mutex> lock(mu_);
-    now_ += d;
-  }
-
- private:
-  mutable std::mutex mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
-};
+using ::kvstrata::test_util::FakeClock;
 
 // A worker that answers every Generate the same scripted way and records what it was sent.
 class ScriptedWorker final : public v1::Generation::Service {

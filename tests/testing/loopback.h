@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-namespace kvstrata::testing {
+namespace kvstrata::test_util {
 
 // A port on 127.0.0.1 that was free a moment ago (the kernel does not hand it out again at
 // once), or -1.
@@ -65,4 +65,4 @@ inline std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-}  // namespace kvstrata::testing
+}  // namespace kvstrata::test_util
