@@ -15,7 +15,7 @@
 namespace kvstrata {
 namespace {
 
-using ::kvstrata::testing::HttpGetResponse;
+using ::kvstrata::test_util::HttpGetResponse;
 
 MetricsRegistry& Populated(MetricsRegistry& r) {
   auto& requests =

@@ -47,8 +47,8 @@
 namespace kvstrata {
 namespace {
 
-using ::kvstrata::testing::FreePort;
-using ::kvstrata::testing::HttpGet;
+using ::kvstrata::test_util::FreePort;
+using ::kvstrata::test_util::HttpGet;
 
 constexpr int kPage = 64;
 
