@@ -12,22 +12,10 @@
 #include "kernels/cuda/append.h"
 #include "kernels/quant.h"
 #include "kernels/rotation.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace kvstrata::kernels {
 namespace {
-
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-template <typename T>
-T* ToDevice(const std::vector<T>& v) {
-  T* d = nullptr;
-  cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T));
-  cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
 
 TEST(AppendGpu, RotatesWritesAndDemotesLikeTheCpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

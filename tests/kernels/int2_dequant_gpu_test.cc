@@ -9,14 +9,10 @@
 
 #include "kernels/cuda/int2_dequant.h"
 #include "kernels/quant.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace kvstrata::kernels {
 namespace {
-
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 TEST(Int2DequantGpu, MatchesCpuReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

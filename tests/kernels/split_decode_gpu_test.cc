@@ -13,24 +13,10 @@
 #include "kernels/attention_ref.h"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/quant.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace kvstrata::kernels {
 namespace {
-
-bool HaveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-template <typename T>
-T* ToDevice(const std::vector<T>& v) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
-  if (!v.empty()) {
-    EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  return d;
-}
 
 struct Pool {
   PageEncoding encoding;
