@@ -184,6 +184,13 @@ class RouterServiceTest : public ::testing::Test {
     return r;
   }
 
+  // Registers a worker that keeps a local page tier.
+  grpc::Status RegisterWithLocalTier(const std::string& id, const Worker& w) {
+    v1::RegisterWorkerRequest r = Registration(id, w.server->address());
+    r.set_local_page_capacity_bytes(1 << 30);
+    return Register(r);
+  }
+
   grpc::Status Register(const v1::RegisterWorkerRequest& r) {
     grpc::ClientContext c;
     v1::RegisterWorkerResponse response;
@@ -452,12 +459,8 @@ TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThe
 TEST_F(RouterServiceTest, AWorkerWithALocalTierHoldsThePromptRightAfterServingIt) {
   Start({.policy = "prefix-affinity"});
   Worker a = StartWorker("a"), b = StartWorker("b");
-  v1::RegisterWorkerRequest ra = Registration("a", a.server->address());
-  v1::RegisterWorkerRequest rb = Registration("b", b.server->address());
-  ra.set_local_page_capacity_bytes(1 << 30);
-  rb.set_local_page_capacity_bytes(1 << 30);
-  ASSERT_TRUE(Register(ra).ok());
-  ASSERT_TRUE(Register(rb).ok());
+  ASSERT_TRUE(RegisterWithLocalTier("a", a).ok());
+  ASSERT_TRUE(RegisterWithLocalTier("b", b).ok());
   v1::GenerateRequest g;
   g.set_text(Text(4));
   const Result first = Generate(g);
@@ -478,11 +481,8 @@ TEST_F(RouterServiceTest, ARequestInFlightClaimsItsPromptForItsWorker) {
   Start({.policy = "prefix-affinity"});
   Worker a = StartWorker("a", grpc::Status::OK, /*hang=*/true);
   Worker b = StartWorker("b", grpc::Status::OK, /*hang=*/true);
-  for (auto [id, w] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
-    v1::RegisterWorkerRequest r = Registration(id, w->server->address());
-    r.set_local_page_capacity_bytes(1 << 30);
-    ASSERT_TRUE(Register(r).ok());
-  }
+  ASSERT_TRUE(RegisterWithLocalTier("a", a).ok());
+  ASSERT_TRUE(RegisterWithLocalTier("b", b).ok());
   v1::GenerateRequest g;
   g.set_text(Text(4));
   OpenCall first(*gen_stub_, g);
@@ -550,11 +550,8 @@ TEST_F(RouterServiceTest, AFailedAttemptWithdrawsThePagesItClaimed) {
   Start({.policy = "prefix-affinity"});
   Worker a = StartWorker("a", grpc::Status(grpc::StatusCode::UNAVAILABLE, "down"));
   Worker b = StartWorker("b");
-  for (auto [id, w] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
-    v1::RegisterWorkerRequest r = Registration(id, w->server->address());
-    r.set_local_page_capacity_bytes(1 << 30);
-    ASSERT_TRUE(Register(r).ok());
-  }
+  ASSERT_TRUE(RegisterWithLocalTier("a", a).ok());
+  ASSERT_TRUE(RegisterWithLocalTier("b", b).ok());
   v1::GenerateRequest g;
   g.set_text(Text(4));
   const Result first = Generate(g);  // a fails, retried on b
