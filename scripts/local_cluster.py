@@ -24,11 +24,20 @@ _SUMMARY = re.compile(r"worker=(\S+) .* prompt_tokens=(\d+) cached_local=(\d+) "
                       r"cached_kvstore=(\d+) .* ttft_ms=([\d.]+) total_ms=([\d.]+)")
 
 
+_given_ports = set()
+
+
 def free_port():
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that was free a moment ago, never the same one twice in this process (the
+    kernel hands a just-released port out again, and the ports are all picked before any server
+    binds them)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given_ports:
+            _given_ports.add(port)
+            return port
 
 
 class LocalCluster:

@@ -10,25 +10,35 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
 
 namespace kvstrata::test_util {
 
-// A port on 127.0.0.1 that was free a moment ago (the kernel does not hand it out again at
-// once), or -1.
+// A port on 127.0.0.1 that was free a moment ago, or -1. Never the same port twice in one
+// process: a test that picks several ports before its servers bind them would otherwise get one
+// port twice (the kernel hands a just-released port out again).
 inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return -1;
+    }
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
     close(fd);
-    return -1;
+    const int port = ntohs(addr.sin_port);
+    if (given.insert(port).second) return port;
   }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  return -1;
 }
 
 // GET http://127.0.0.1:port/path: the whole response (status line, headers, body), or "" when
