@@ -1,0 +1,340 @@
+// kvstrata.v1.Generation at the router: Generate (tokenise, hash, route, relay, retry before
+// output), Abort and GetServerInfo.
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <span>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/radix_hash.h"
+#include "rpc/status.h"
+#include "services/common/generate_input.h"
+#include "services/router/router_internal.h"
+
+namespace kvstrata::router {
+
+grpc::Status RouterService::Generate(grpc::ServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  Router& r = *router_;
+  RouterMetrics& m = *r.metrics_;
+  const absl::Time start = absl::Now();
+  auto fail = [&](const absl::Status& status) {
+    m.rejected.With({absl::StatusCodeToString(status.code())}).Increment();
+    return rpc::ToGrpcStatus(status);
+  };
+  if (absl::Status s = ValidateRequestEnvelope(*request); !s.ok()) return fail(s);
+  const std::optional<PoolIdentity> identity = r.identity();
+  if (identity && !request->model().empty() && request->model() != identity->model) {
+    return fail(absl::NotFoundError(absl::StrCat("model: '", request->model(),
+                                                 "' is not served here (serving '",
+                                                 identity->model, "')")));
+  }
+
+  // Tokenise once; the workers get token ids.
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      PromptTokens(*request, r.encoder_, r.encoder_.tokenizer().vocab_size());
+  if (!tokens.ok()) return fail(tokens.status());
+  const std::vector<int32_t> prompt = *std::move(tokens);
+
+  // The prompt's cacheable pages (one token is always left to prefill), in its namespace.
+  std::vector<PageKey> keys;
+  int64_t page_tokens = 64;
+  if (identity) {
+    page_tokens = identity->page_tokens;
+    const int64_t pages = (static_cast<int64_t>(prompt.size()) - 1) / page_tokens;
+    HashNamespace ns{.model_fingerprint = identity->model_fingerprint,
+                     .kv_format = identity->kv_format,
+                     .rotation_digest = identity->rotation_digest,
+                     .page_tokens = identity->page_tokens,
+                     .cache_salt = request->cache_salt()};
+    absl::StatusOr<std::vector<PageKey>> k =
+        PrefixPageKeys(ns, std::span<const int32_t>(prompt).first(pages * page_tokens));
+    if (!k.ok()) return fail(k.status());
+    keys = *std::move(k);
+  }
+
+  // Register the request (ALREADY_EXISTS for a duplicate in flight, RESOURCE_EXHAUSTED when full).
+  auto flight = std::make_shared<InFlight>();
+  flight->server_context = context;
+  std::string request_id = request->request_id();
+  {
+    std::lock_guard<std::mutex> lock(r.mu_);
+    if (static_cast<int>(r.in_flight_.size()) >= r.options_.max_in_flight_requests) {
+      return fail(absl::ResourceExhaustedError(
+          absl::StrCat("the router is full (max_in_flight_requests=",
+                       r.options_.max_in_flight_requests, "); retry with backoff")));
+    }
+    if (request_id.empty()) {
+      request_id = absl::StrCat(r.options_.router_id, "-", r.next_request_number_++);
+    }
+    if (!r.in_flight_.emplace(request_id, flight).second) {
+      return fail(absl::AlreadyExistsError(
+          absl::StrCat("request_id: '", request_id, "' is in flight")));
+    }
+  }
+  m.running.Get().Add(1);
+  struct Unregister {
+    Router* router;
+    std::string id;
+    ~Unregister() {
+      router->metrics_->running.Get().Add(-1);
+      std::lock_guard<std::mutex> lock(router->mu_);
+      router->in_flight_.erase(id);
+    }
+  } unregister{&r, request_id};
+
+  v1::GenerateRequest forward = *request;
+  forward.set_request_id(request_id);
+  forward.mutable_token_ids()->mutable_ids()->Reserve(static_cast<int>(prompt.size()));
+  for (int32_t id : prompt) forward.mutable_token_ids()->add_ids(static_cast<uint32_t>(id));
+  v1::RoutingHints* hints = forward.mutable_routing();
+  hints->Clear();
+  hints->set_router_id(r.options_.router_id);
+  for (const PageKey& k : keys) hints->add_prefix_page_keys(k.ToBytes());
+
+  absl::flat_hash_set<std::string> tried;
+  grpc::Status last_error(grpc::StatusCode::UNAVAILABLE,
+                          "no healthy worker can serve the model; retry with backoff");
+  for (int attempt = 0; attempt < r.options_.max_attempts; ++attempt) {
+    std::vector<WorkerInfo> workers = r.LiveWorkers();
+    std::erase_if(workers, [&](const WorkerInfo& w) { return tried.contains(w.id); });
+    if (workers.empty()) break;
+    {
+      std::lock_guard<std::mutex> lock(r.mu_);
+      for (WorkerInfo& w : workers) {
+        auto own_it = r.requests_on_worker_.find(w.id);
+        const int64_t own = own_it == r.requests_on_worker_.end() ? 0 : own_it->second;
+        auto ended_it = r.ended_since_heartbeat_.find(w.id);
+        const int64_t ended = ended_it == r.ended_since_heartbeat_.end() ? 0 : ended_it->second;
+        const int64_t queue = std::max(own, w.load.requests() - ended);
+        w.load.waiting = std::min(w.load.waiting, queue);
+        w.load.running = queue - w.load.waiting;
+      }
+    }
+    RouteRequest route{.page_keys = keys,
+                       .prompt_tokens = static_cast<int64_t>(prompt.size()),
+                       .page_tokens = page_tokens};
+    absl::StatusOr<RouteDecision> decision = r.policy_->Route(route, workers, r.index_);
+    if (!decision.ok()) return fail(decision.status());
+    tried.insert(decision->worker_id);
+    m.decisions.With({std::string(r.policy_->name()), RouteReasonName(decision->reason)})
+        .Increment();
+    const int64_t predicted_local = decision->local_pages * page_tokens;
+    const int64_t predicted_store = decision->store_pages * page_tokens;
+    hints->set_predicted_local_cached_tokens(static_cast<uint32_t>(predicted_local));
+    hints->set_predicted_kvstore_cached_tokens(static_cast<uint32_t>(predicted_store));
+    const absl::Time routed = absl::Now();
+    // A worker with a local tier will hold the prompt's pages once it has prefilled them: count
+    // them as its own now, so a request with the same prefix arriving meanwhile goes to the same
+    // worker (which lets it wait for those pages rather than compute them again elsewhere).
+    bool claimed = false;
+    {
+      std::lock_guard<std::mutex> lock(r.mu_);
+      auto it = r.worker_states_.find(decision->worker_id);
+      claimed = it != r.worker_states_.end() && it->second.keeps_local_pages && !keys.empty();
+    }
+    if (claimed) r.index_.OnWorkerStored(decision->worker_id, keys);
+    // Pages the worker did not hold before: withdrawn again if this attempt fails.
+    const std::span<const PageKey> claimed_keys =
+        claimed ? std::span<const PageKey>(keys).subspan(
+                      std::min<size_t>(keys.size(), static_cast<size_t>(decision->local_pages)))
+                : std::span<const PageKey>();
+
+    struct CountOnWorker {
+      Router* router;
+      std::string worker;
+      CountOnWorker(Router* r, std::string w) : router(r), worker(std::move(w)) {
+        std::lock_guard<std::mutex> lock(router->mu_);
+        ++router->requests_on_worker_[worker];
+      }
+      ~CountOnWorker() {
+        std::lock_guard<std::mutex> lock(router->mu_);
+        if (--router->requests_on_worker_[worker] <= 0) router->requests_on_worker_.erase(worker);
+        ++router->ended_since_heartbeat_[worker];
+      }
+    } count_on_worker(&r, decision->worker_id);
+
+    grpc::ClientContext call;
+    if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+      call.set_deadline(context->deadline());
+    }
+    {
+      std::lock_guard<std::mutex> lock(flight->mu);
+      if (flight->aborted) return fail(absl::CancelledError("aborted before it was routed"));
+      flight->worker_call = &call;
+      flight->worker_address = decision->address;
+    }
+    struct Detach {
+      InFlight* flight;
+      ~Detach() {
+        std::lock_guard<std::mutex> lock(flight->mu);
+        flight->worker_call = nullptr;
+      }
+    } detach{flight.get()};
+    if (context->IsCancelled()) call.TryCancel();
+
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        r.StubFor(decision->address)->Generate(&call, forward);
+    v1::GenerateResponse message;
+    bool relayed = false, client_gone = false;
+    absl::Time last_token = absl::InfinitePast();
+    while (reader->Read(&message)) {
+      const absl::Time now = absl::Now();
+      if (message.token_ids_size() > 0) {
+        if (last_token == absl::InfinitePast()) {
+          m.ttft.Get().Observe(absl::ToDoubleSeconds(now - start));
+        } else {
+          m.inter_token.Get().Observe(absl::ToDoubleSeconds(now - last_token));
+        }
+        last_token = now;
+      }
+      if (message.has_usage()) {
+        const v1::Usage& u = message.usage();
+        message.mutable_usage()->set_predicted_cached_tokens(
+            static_cast<uint32_t>(predicted_local + predicted_store));
+        v1::Timings* t = message.mutable_timings();
+        t->set_routing_us(Micros(routed - start));
+        t->set_queue_us(t->queue_us() + Micros(routed - start));
+        if (t->time_to_first_token_us() > 0) {
+          t->set_time_to_first_token_us(t->time_to_first_token_us() + Micros(routed - start));
+        }
+        t->set_total_us(Micros(now - start));
+        const int64_t actual = int64_t{u.cached_local_tokens()} + u.cached_kvstore_tokens();
+        m.prompt_tokens.With({"local"}).Increment(u.cached_local_tokens());
+        m.prompt_tokens.With({"kvstore"}).Increment(u.cached_kvstore_tokens());
+        m.prompt_tokens.With({"none"}).Increment(u.uncached_tokens() + u.recomputed_tokens());
+        m.predicted_cached_tokens.Get().Increment(
+            static_cast<double>(predicted_local + predicted_store));
+        m.generated_tokens.Get().Increment(u.completion_tokens());
+        const int64_t error = actual - (predicted_local + predicted_store);
+        if (error >= page_tokens) m.mispredictions.With({"under"}).Increment();
+        if (-error >= page_tokens) m.mispredictions.With({"over"}).Increment();
+        if (r.options_.log_requests) {
+          fprintf(stderr,
+                  "kvstrata-router: request %s -> %s (%s): prompt %u tokens, predicted cached "
+                  "%lld (local %lld, kvstore %lld), actual %lld (local %u, kvstore %u), "
+                  "generated %u, %.0f ms\n",
+                  request_id.c_str(), decision->worker_id.c_str(),
+                  RouteReasonName(decision->reason), u.prompt_tokens(),
+                  static_cast<long long>(predicted_local + predicted_store),
+                  static_cast<long long>(predicted_local), static_cast<long long>(predicted_store),
+                  static_cast<long long>(actual), u.cached_local_tokens(),
+                  u.cached_kvstore_tokens(), u.completion_tokens(),
+                  absl::ToDoubleMilliseconds(now - start));
+        }
+        // A local hit shows the worker keeps a local tier though it did not say so: from now on
+        // its requests claim their pages at routing time (above). This one's pages were not
+        // claimed; the worker holds them now.
+        if (!claimed && u.cached_local_tokens() > 0) {
+          {
+            std::lock_guard<std::mutex> lock(r.mu_);
+            r.worker_states_[decision->worker_id].keeps_local_pages = true;
+          }
+          if (!keys.empty()) r.index_.OnWorkerStored(decision->worker_id, keys);
+        }
+      }
+      if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+        m.requests.With({v1::FinishReason_Name(message.finish_reason())}).Increment();
+      }
+      if (!writer->Write(message)) {
+        client_gone = true;
+        call.TryCancel();
+        break;
+      }
+      relayed = true;
+    }
+    const grpc::Status status = reader->Finish();
+    if (!status.ok() && !relayed && !claimed_keys.empty()) {
+      r.index_.OnWorkerRemoved(decision->worker_id, claimed_keys);
+    }
+    if (relayed || client_gone || status.ok()) {
+      m.e2e.Get().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      if (!status.ok()) m.rejected.With({CodeString(status.error_code())}).Increment();
+      return client_gone ? grpc::Status::CANCELLED : status;
+    }
+    if (context->IsCancelled()) return fail(absl::CancelledError("the client went away"));
+    if (!RetryableOnAnotherWorker(status.error_code())) {
+      m.rejected.With({CodeString(status.error_code())}).Increment();
+      return status;
+    }
+    fprintf(stderr, "kvstrata-router: request %s: worker %s (%s) failed before output (%s: %s)%s\n",
+            request_id.c_str(), decision->worker_id.c_str(), decision->address.c_str(),
+            CodeString(status.error_code()).c_str(), status.error_message().c_str(),
+            attempt + 1 < r.options_.max_attempts ? "; trying another worker" : "");
+    m.retries.With({CodeString(status.error_code())}).Increment();
+    last_error = grpc::Status(status.error_code(),
+                              absl::StrCat("worker ", decision->worker_id, ": ",
+                                           status.error_message()));
+  }
+  m.rejected.With({CodeString(last_error.error_code())}).Increment();
+  return last_error;
+}
+
+grpc::Status RouterService::Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) {
+  if (request->request_id().empty()) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
+  }
+  std::shared_ptr<InFlight> flight;
+  {
+    std::lock_guard<std::mutex> lock(router_->mu_);
+    auto it = router_->in_flight_.find(request->request_id());
+    if (it != router_->in_flight_.end()) flight = it->second;
+  }
+  if (flight == nullptr) {
+    response->set_found(false);
+    return grpc::Status::OK;
+  }
+  std::string address;
+  {
+    std::lock_guard<std::mutex> lock(flight->mu);
+    flight->aborted = true;
+    address = flight->worker_address;
+  }
+  response->set_found(true);
+  if (address.empty()) return grpc::Status::OK;
+  // The worker ends the stream with finish_reason ABORT and usage, which the router relays.
+  grpc::ClientContext call;
+  call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::AbortResponse ignored;
+  const grpc::Status status = router_->StubFor(address)->Abort(&call, *request, &ignored);
+  if (!status.ok()) {
+    fprintf(stderr, "kvstrata-router: request %s: forwarding abort to %s failed: %s\n",
+            request->request_id().c_str(), address.c_str(), status.error_message().c_str());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status RouterService::GetServerInfo(grpc::ServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) {
+  response->set_role("router");
+  response->set_server_version("0.1.0");
+  response->set_api_version("kvstrata.v1");
+  const tokenizer::PromptEncoder& encoder = router_->encoder_;
+  response->set_vocab_size(static_cast<uint32_t>(encoder.tokenizer().vocab_size()));
+  response->set_tokenizer(encoder.identity());
+  response->set_has_chat_template(encoder.chat_template() != nullptr);
+  if (const std::optional<PoolIdentity> id = router_->identity()) {
+    response->set_model(id->model);
+    response->set_model_fingerprint(id->model_fingerprint);
+    response->mutable_kv_format()->set_name(id->kv_format);
+    response->mutable_kv_format()->set_page_size_tokens(id->page_tokens);
+    if (id->rotation_digest != "identity") {
+      response->mutable_kv_format()->set_rotation_digest(
+          absl::HexStringToBytes(id->rotation_digest));
+    }
+  }
+  response->set_max_queued_requests(
+      static_cast<uint32_t>(router_->options_.max_in_flight_requests));
+  response->set_available_workers(static_cast<uint32_t>(router_->LiveWorkers().size()));
+  return grpc::Status::OK;
+}
+
+}  // namespace kvstrata::router
