@@ -215,6 +215,7 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     e.prompt_tokens = static_cast<int>(s.request.prompt.size());
     e.generated_tokens = static_cast<int>(s.generated.size());
     e.finish = stop.finish;
+    e.matched_stop = stop.matched_stop;
     e.cached_tokens = s.cached_tokens;
     e.recent_window_from_int2_pages = s.recent_window_from_int2_pages;
     if (stop.finish != FinishReason::kNone) {

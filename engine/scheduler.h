@@ -50,6 +50,7 @@ struct GenerationEvent {
   std::vector<std::pair<int32_t, float>> top_logprobs;
   std::string text;  // text that may be streamed now
   FinishReason finish = FinishReason::kNone;
+  std::string matched_stop;  // for kStopString: the stop string that matched
   int prompt_tokens = 0;
   int generated_tokens = 0;
   int cached_tokens = 0;  // prompt tokens taken from cached_pages rather than computed

@@ -99,13 +99,15 @@ StopChecker::Step StopChecker::Add(int32_t token, std::string_view bytes, int n)
   if (may_stop && longest_stop_ > 0) {
     // Earliest match that ends in the new bytes.
     const size_t from = before >= longest_stop_ ? before - longest_stop_ + 1 : 0;
-    size_t best = std::string::npos, best_len = 0;
+    size_t best = std::string::npos;
+    const std::string* matched = nullptr;
     for (const std::string& s : options_.stop_strings) {
       const size_t pos = text_.find(s, from);
-      if (pos != std::string::npos && pos < best) best = pos, best_len = s.size();
+      if (pos != std::string::npos && pos < best) best = pos, matched = &s;
     }
     if (best != std::string::npos) {
-      const size_t cut = options_.include_stop_string ? best + best_len : best;
+      step.matched_stop = *matched;
+      const size_t cut = options_.include_stop_string ? best + matched->size() : best;
       text_.resize(cut);
       step.text = text_.substr(std::min(emitted_, cut));
       emitted_ = text_.size();

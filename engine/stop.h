@@ -44,6 +44,7 @@ class StopChecker {
   struct Step {
     std::string text;  // bytes that may be emitted now
     FinishReason finish = FinishReason::kNone;
+    std::string matched_stop;  // for kStopString: the stop string that matched
   };
   // Adds the n-th generated token (n counts from 1) with its bytes.
   Step Add(int32_t token, std::string_view bytes, int n);

@@ -111,8 +111,19 @@ TEST(Stop, StopStringIsCutAndHeldBackWhilePartial) {
   EXPECT_EQ(s.text, " foo");
   s = c.Add(8, "D tail", 4);
   EXPECT_EQ(s.finish, FinishReason::kStopString);
+  EXPECT_EQ(s.matched_stop, "END");
   EXPECT_EQ(s.text, "");
   EXPECT_EQ(c.text(), "hello ENx foo");
+}
+
+TEST(Stop, TheEarliestMatchIsTheStopStringReported) {
+  StopOptions o;
+  o.stop_strings = {"world", "lo w"};
+  StopChecker c = Checker(o);
+  StopChecker::Step s = c.Add(5, "hello world", 1);
+  EXPECT_EQ(s.finish, FinishReason::kStopString);
+  EXPECT_EQ(s.matched_stop, "lo w");
+  EXPECT_EQ(s.text, "hel");
 }
 
 TEST(Stop, IncludeStopStringAndMinTokens) {
