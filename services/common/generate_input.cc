@@ -24,13 +24,32 @@ absl::Status ValidateRequestEnvelope(const v1::GenerateRequest& r) {
     return absl::InvalidArgumentError(
         absl::StrCat("cache_salt: at most ", kMaxCacheSaltBytes, " bytes"));
   }
-  for (int i = 0; i < r.routing().prefix_page_keys_size(); ++i) {
-    if (r.routing().prefix_page_keys(i).size() != 16) {
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRoutingHints(const v1::RoutingHints& routing) {
+  for (int i = 0; i < routing.prefix_page_keys_size(); ++i) {
+    if (routing.prefix_page_keys(i).size() != 16) {
       return absl::InvalidArgumentError(
           absl::StrCat("routing.prefix_page_keys[", i, "]: must be 16 bytes"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckContextLimit(int64_t prompt_tokens, int64_t max_tokens,
+                               int64_t max_context_tokens) {
+  if (max_tokens == 0) {
+    if (prompt_tokens < max_context_tokens) return absl::OkStatus();
+    return absl::OutOfRangeError(absl::StrCat("prompt tokens ", prompt_tokens,
+                                              " leave no room to generate within "
+                                              "max_context_tokens=",
+                                              max_context_tokens));
+  }
+  if (prompt_tokens + max_tokens <= max_context_tokens) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("prompt tokens ", prompt_tokens, " + stop.max_tokens ",
+                                            max_tokens, " exceed max_context_tokens=",
+                                            max_context_tokens));
 }
 
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request,

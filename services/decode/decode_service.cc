@@ -167,6 +167,7 @@ absl::Status RangeError(const char* field, float v, const char* range) {
 // Field checks of the proto contract that need no engine.
 absl::Status ValidateRequest(const v1::GenerateRequest& r, int max_logprobs_top_n) {
   if (absl::Status s = ValidateRequestEnvelope(r); !s.ok()) return s;
+  if (absl::Status s = ValidateRoutingHints(r.routing()); !s.ok()) return s;
   const v1::SamplingParams& s = r.sampling();
   if (s.has_temperature() && !InRange(s.temperature(), 0, 100)) {
     return RangeError("sampling.temperature", s.temperature(), "[0, 100]");
@@ -268,6 +269,13 @@ uint64_t Micros(absl::Duration d) {
   return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(d)));
 }
 
+absl::Time ClientDeadline(const grpc::ServerContext& context) {
+  if (context.deadline() == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(context.deadline());
+}
+
 }  // namespace
 
 DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
@@ -301,6 +309,8 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
     metrics_->kv_cache_pages.Get().Set(static_cast<double>(total_pages_.load()));
     metrics_->kv_cache_free_pages.Get().Set(static_cast<double>(free_pages_.load()));
     metrics_->kv_cache_used_bytes.Get().Set(0);
+    metrics_->running.Get().Set(0);
+    metrics_->waiting.Get().Set(0);
   }
   if (!options_.kvstore_addresses.empty()) {
     ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
@@ -397,7 +407,12 @@ void DecodeService::EngineLoop() {
 
     events.clear();
     if (!scheduler.idle()) {
+      const absl::Time step_start = absl::Now();
       const absl::Status status = scheduler.Step(&events);
+      const int64_t micros = absl::ToInt64Microseconds(absl::Now() - step_start);
+      const int64_t before = step_micros_.load(std::memory_order_relaxed);
+      step_micros_.store(before == 0 ? micros : (4 * before + micros) / 5,
+                         std::memory_order_relaxed);
       if (!status.ok()) {
         // The step's sequences are in an unknown state: end them all with an error.
         fprintf(stderr, "kvstrata-decode: engine step failed: %s\n", status.ToString().c_str());
@@ -457,7 +472,18 @@ v1::RegisterWorkerRequest DecodeService::WorkerDescription(const std::string& ad
   r.set_tokenizer(tokenizer_identity_);
   r.set_local_page_capacity_bytes(
       static_cast<uint64_t>(local_pages_ != nullptr ? options_.local_cache_bytes : 0));
+  *r.mutable_limits() = Limits();
   return r;
+}
+
+v1::RequestLimits DecodeService::Limits() const {
+  v1::RequestLimits l;
+  l.set_max_context_tokens(static_cast<uint32_t>(max_context_));
+  l.set_max_n(1);
+  l.set_max_stop_strings(kMaxStopStrings);
+  l.set_max_logprobs_top_n(static_cast<uint32_t>(options_.max_logprobs_top_n));
+  for (int32_t id : eos_token_ids_) l.add_eos_token_ids(static_cast<uint32_t>(id));
+  return l;
 }
 
 WorkerLoadSample DecodeService::LoadSample() const {
@@ -720,41 +746,57 @@ void DecodeService::WaitForPublishes() {
   publish_cv_.wait(lock, [&] { return publishes_.empty() && publishes_in_progress_ == 0; });
 }
 
-grpc::Status DecodeService::Generate(grpc::ServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+// ---- Generate, step by step --------------------------------------------------------------
+
+// One Generate call's state, shared by its steps.
+struct DecodeService::Call {
+  Call(const v1::GenerateRequest& r, absl::Time deadline) : request(r), deadline(deadline) {}
+
+  const v1::GenerateRequest& request;
   const absl::Time start = absl::Now();
-  auto reject = [&](const absl::Status& status) {
-    metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
-    return rpc::ToGrpcStatus(status);
-  };
-  if (absl::Status s = ValidateRequest(*request, options_.max_logprobs_top_n); !s.ok()) {
-    return reject(s);
-  }
-  if (!request->model().empty() && request->model() != options_.model_name) {
-    return reject(absl::NotFoundError(absl::StrCat("model: '", request->model(),
-                                                   "' is not served here (serving '",
-                                                   options_.model_name, "')")));
-  }
+  const absl::Time deadline;  // the client's; InfiniteFuture when it set none
+  std::string request_id;
+  engine::GenerationRequest engine_request;  // moved to the engine at submit
+  int prompt_tokens = 0;
+  PageKey namespace_key;
+  std::vector<PageKey> keys;  // the prompt's cacheable pages
+  int local_pages = 0;        // leading pages taken from the local tier
+  int kvstore_pages = 0;      // the pages after them fetched from the kvstore
+  absl::Duration fetch_time;
+  std::shared_ptr<RequestChannel> channel;
+  std::shared_ptr<Prefilling> prefilling;
+  uint64_t sequence_id = 0;
+  absl::Time submitted;
+  // What has been streamed so far.
+  int generated = 0;
+  int cached_tokens = 0;  // as the engine's events report it
+  int recent_window_from_int2_pages = 0;
+  int64_t prompt_pages_shared = 0;  // prompt pages published right after prefill
+  absl::Time first_token = absl::InfiniteFuture();
+  absl::Time last_token = absl::InfinitePast();
+};
 
+absl::Status DecodeService::BuildEngineRequest(Call& call) const {
+  const v1::GenerateRequest& request = call.request;
+  if (absl::Status s = ValidateRequest(request, options_.max_logprobs_top_n); !s.ok()) return s;
+  if (!request.model().empty() && request.model() != options_.model_name) {
+    return absl::NotFoundError(absl::StrCat("model: '", request.model(),
+                                            "' is not served here (serving '",
+                                            options_.model_name, "')"));
+  }
   // Tokenise. The tokenizer and chat template are immutable (safe beside the engine thread).
-  absl::StatusOr<std::vector<int32_t>> tokens =
-      PromptTokens(*request, engine_->prompt_encoder(), vocab_size_);
-  if (!tokens.ok()) return reject(tokens.status());
-  const std::vector<int32_t> prompt = *std::move(tokens);
-
-  const int prompt_size = static_cast<int>(prompt.size());
-  int max_tokens = static_cast<int>(request->stop().max_tokens());
-  if (max_tokens == 0) max_tokens = max_context_ - prompt_size;
-  if (max_tokens < 1 || prompt_size + max_tokens > max_context_) {
-    return reject(absl::OutOfRangeError(absl::StrCat("prompt tokens ", prompt_size,
-                                                     " + stop.max_tokens ", max_tokens,
-                                                     " exceed max_context_tokens=", max_context_)));
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      PromptTokens(request, engine_->prompt_encoder(), vocab_size_);
+  if (!prompt.ok()) return prompt.status();
+  call.prompt_tokens = static_cast<int>(prompt->size());
+  if (absl::Status s =
+          CheckContextLimit(call.prompt_tokens, request.stop().max_tokens(), max_context_);
+      !s.ok()) {
+    return s;
   }
-
-  engine::GenerationRequest g;
-  g.prompt = prompt;
-  const v1::SamplingParams& sp = request->sampling();
+  engine::GenerationRequest& g = call.engine_request;
+  g.prompt = *std::move(prompt);
+  const v1::SamplingParams& sp = request.sampling();
   g.sampling.temperature = sp.has_temperature() ? sp.temperature() : 1.0f;
   g.sampling.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
   g.sampling.top_k = static_cast<int>(sp.top_k());
@@ -763,172 +805,240 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   g.sampling.frequency_penalty = sp.frequency_penalty();
   g.sampling.presence_penalty = sp.presence_penalty();
   if (sp.has_seed()) g.sampling.seed = sp.seed();
-  if (request->has_logprobs()) {
-    g.sampling.top_logprobs = static_cast<int>(request->logprobs().top_n());
+  if (request.has_logprobs()) {
+    g.sampling.top_logprobs = static_cast<int>(request.logprobs().top_n());
   }
-  g.stop.max_tokens = max_tokens;
-  g.stop.min_tokens = static_cast<int>(request->stop().min_tokens());
-  g.stop.ignore_eos = request->stop().ignore_eos();
-  g.stop.include_stop_string = request->stop().include_stop_str_in_output();
-  for (const std::string& s : request->stop().stop_strings()) g.stop.stop_strings.push_back(s);
-  for (int i = 0; i < request->stop().stop_token_ids_size(); ++i) {
-    const uint32_t id = request->stop().stop_token_ids(i);
+  const int max_tokens = static_cast<int>(request.stop().max_tokens());
+  g.stop.max_tokens = max_tokens == 0 ? max_context_ - call.prompt_tokens : max_tokens;
+  g.stop.min_tokens = static_cast<int>(request.stop().min_tokens());
+  g.stop.ignore_eos = request.stop().ignore_eos();
+  g.stop.include_stop_string = request.stop().include_stop_str_in_output();
+  for (const std::string& s : request.stop().stop_strings()) g.stop.stop_strings.push_back(s);
+  for (int i = 0; i < request.stop().stop_token_ids_size(); ++i) {
+    const uint32_t id = request.stop().stop_token_ids(i);
     if (id >= static_cast<uint32_t>(vocab_size_)) {
-      return reject(absl::InvalidArgumentError(
-          absl::StrCat("stop.stop_token_ids[", i, "]=", id, " is outside the vocabulary")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop.stop_token_ids[", i, "]=", id, " is outside the vocabulary"));
     }
     g.stop.stop_token_ids.push_back(static_cast<int32_t>(id));
   }
   if (absl::Status s = engine::ValidateSamplingOptions(g.sampling); !s.ok()) {
-    return reject(absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message())));
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
   }
   if (absl::Status s = engine::ValidateStopOptions(g.stop, vocab_size_); !s.ok()) {
-    return reject(absl::InvalidArgumentError(absl::StrCat("stop: ", s.message())));
+    return absl::InvalidArgumentError(absl::StrCat("stop: ", s.message()));
   }
   g.publish_pages = ring_ != nullptr || local_pages_ != nullptr;
+  return absl::OkStatus();
+}
 
-  // Register the request id (ALREADY_EXISTS for a duplicate in flight).
-  auto channel = std::make_shared<RequestChannel>();
+absl::StatusOr<PageKey> DecodeService::NamespaceKey(const std::string& cache_salt) {
+  // Made on the engine thread: PageNamespace is not safe beside Step.
+  auto promise = std::make_shared<std::promise<absl::StatusOr<PageKey>>>();
+  std::future<absl::StatusOr<PageKey>> future = promise->get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    channel->request_id = request->request_id().empty()
-                              ? absl::StrCat(options_.worker_id, "-", next_request_number_++)
-                              : request->request_id();
-    if (!in_flight_.emplace(channel->request_id, channel).second) {
-      return reject(absl::AlreadyExistsError(
-          absl::StrCat("request_id: '", channel->request_id, "' is in flight")));
-    }
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    tasks_.push_back(
+        [this, promise, cache_salt] { promise->set_value(engine_->PageNamespace(cache_salt)); });
   }
-  struct Unregister {
-    DecodeService* service;
-    std::string id;
-    ~Unregister() {
-      std::lock_guard<std::mutex> lock(service->mu_);
-      service->in_flight_.erase(id);
-    }
-  } unregister{this, channel->request_id};
-  g.request_id = channel->request_id;
-  const std::string& request_id = channel->request_id;
+  engine_cv_.notify_all();
+  return future.get();
+}
 
-  // The namespace key, made on the engine thread (PageNamespace is not safe beside Step).
-  {
-    auto promise = std::make_shared<std::promise<absl::StatusOr<PageKey>>>();
-    std::future<absl::StatusOr<PageKey>> future = promise->get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return reject(absl::UnavailableError("the server is shutting down"));
-      tasks_.push_back([this, promise, salt = request->cache_salt()] {
-        promise->set_value(engine_->PageNamespace(salt));
-      });
-    }
-    engine_cv_.notify_all();
-    absl::StatusOr<PageKey> ns = future.get();
-    if (!ns.ok()) return reject(ns.status());
-    g.namespace_key = *ns;
-  }
-  const PageKey namespace_key = g.namespace_key;
-
-  // The prompt's cacheable pages: at most (prompt - 1) / P full pages (one token is left to
-  // prefill so the first token has logits).
-  const int cacheable_pages = (prompt_size - 1) / page_tokens_;
+std::vector<PageKey> DecodeService::PromptPageKeys(const Call& call) const {
+  // At most (prompt - 1) / P full pages: one token is left to prefill so the first token has
+  // logits.
+  const int cacheable_pages = (call.prompt_tokens - 1) / page_tokens_;
   std::vector<PageKey> keys;
-  if (request->routing().prefix_page_keys_size() > 0) {
-    for (int i = 0; i < request->routing().prefix_page_keys_size() && i < cacheable_pages; ++i) {
-      keys.push_back(*PageKey::FromBytes(request->routing().prefix_page_keys(i)));  // validated
+  const v1::RoutingHints& routing = call.request.routing();
+  if (routing.prefix_page_keys_size() > 0) {
+    for (int i = 0; i < routing.prefix_page_keys_size() && i < cacheable_pages; ++i) {
+      keys.push_back(*PageKey::FromBytes(routing.prefix_page_keys(i)));  // validated
     }
-  } else {
-    PageKey parent = g.namespace_key;
-    std::vector<uint32_t> page(page_tokens_);
-    for (int p = 0; p < cacheable_pages; ++p) {
-      for (int t = 0; t < page_tokens_; ++t) {
-        page[t] = static_cast<uint32_t>(prompt[p * page_tokens_ + t]);
-      }
-      parent = ChainPageKey(parent, page);
-      keys.push_back(parent);
-    }
+    return keys;
   }
+  const std::vector<int32_t>& prompt = call.engine_request.prompt;
+  PageKey parent = call.namespace_key;
+  std::vector<uint32_t> page(page_tokens_);
+  for (int p = 0; p < cacheable_pages; ++p) {
+    for (int t = 0; t < page_tokens_; ++t) {
+      page[t] = static_cast<uint32_t>(prompt[p * page_tokens_ + t]);
+    }
+    parent = ChainPageKey(parent, page);
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+void DecodeService::TakeCachedPrefix(Call& call) {
   // The leading run held locally (after waiting for a request on this worker that is computing
   // more of it), then the kvstore for the pages right after it. A page held only as BF16 (it was
   // in a recent window) that is history at the imported length is demoted by the engine on
   // import, exactly as the sequence would have done.
-  std::shared_ptr<Prefilling> prefilling;
-  struct UnregisterPrefill {
-    DecodeService* service;
-    std::shared_ptr<Prefilling>* p;
-    ~UnregisterPrefill() { service->EndPrefilling(*p); }
-  } unregister_prefill{this, &prefilling};
-  for (LocalPage& page :
-       LocalPrefix(request_id, keys, absl::FromChrono(context->deadline()), &prefilling)) {
-    g.cached_pages.push_back(std::move(page.bytes));
+  std::vector<std::string>& pages = call.engine_request.cached_pages;
+  for (LocalPage& page : LocalPrefix(call.request_id, call.keys, call.deadline, &call.prefilling)) {
+    pages.push_back(std::move(page.bytes));
   }
-  const int local_pages = static_cast<int>(g.cached_pages.size());
+  call.local_pages = static_cast<int>(pages.size());
   const absl::Time fetch_start = absl::Now();
-  std::vector<std::string> fetched =
-      FetchCachedPrefix(request_id, keys,
-                        g.cached_pages.size());
-  const int kvstore_pages = static_cast<int>(fetched.size());
-  for (std::string& page : fetched) g.cached_pages.push_back(std::move(page));
-  const int fetched_tokens = (local_pages + kvstore_pages) * page_tokens_;
-  const absl::Duration fetch_time = absl::Now() - fetch_start;
+  std::vector<std::string> fetched = FetchCachedPrefix(call.request_id, call.keys, pages.size());
+  call.kvstore_pages = static_cast<int>(fetched.size());
+  for (std::string& page : fetched) pages.push_back(std::move(page));
+  call.fetch_time = absl::Now() - fetch_start;
+}
 
-  // Queue for the engine.
+absl::Status DecodeService::SubmitAndWait(Call& call) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (static_cast<int>(submits_.size()) + scheduler_waiting_.load() >=
         options_.max_queued_requests) {
-      return reject(absl::ResourceExhaustedError(absl::StrCat(
-          "the queue is full (max_queued_requests=", options_.max_queued_requests, ")")));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the queue is full (max_queued_requests=", options_.max_queued_requests, ")"));
     }
-    if (stopping_) return reject(absl::UnavailableError("the server is shutting down"));
-    submits_.push_back({std::move(g), channel});
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    submits_.push_back({std::move(call.engine_request), call.channel});
   }
   engine_cv_.notify_all();
-  {
-    std::unique_lock<std::mutex> lock(channel->mu);
-    channel->cv.wait(lock, [&] { return channel->submitted; });
-    if (!channel->submit_status.ok()) return reject(channel->submit_status);
-  }
-  const absl::Time submitted = absl::Now();
-  const uint64_t sequence_id = channel->sequence_id;
+  std::unique_lock<std::mutex> lock(call.channel->mu);
+  call.channel->cv.wait(lock, [&] { return call.channel->submitted; });
+  if (!call.channel->submit_status.ok()) return call.channel->submit_status;
+  call.submitted = absl::Now();
+  call.sequence_id = call.channel->sequence_id;
+  return absl::OkStatus();
+}
 
-  // Stream.
-  const uint32_t interval = std::max<uint32_t>(1, request->stream_interval());
+void DecodeService::FillUsage(const Call& call, v1::GenerateResponse& m) const {
+  // The engine imports the pages in order, local run first; when it refused them it imported
+  // none and cached is 0.
+  const int cached = call.cached_tokens;
+  const int fetched_tokens = (call.local_pages + call.kvstore_pages) * page_tokens_;
+  const int cached_local = std::min(cached, call.local_pages * page_tokens_);
+  const int recomputed = std::max(0, fetched_tokens - cached);
+  v1::Usage* usage = m.mutable_usage();
+  usage->set_prompt_tokens(call.prompt_tokens);
+  usage->set_completion_tokens(call.generated);
+  usage->set_cached_local_tokens(cached_local);
+  usage->set_cached_kvstore_tokens(cached - cached_local);
+  usage->set_recomputed_tokens(recomputed);
+  usage->set_uncached_tokens(std::max(0, call.prompt_tokens - cached - recomputed));
+  usage->set_inexact_recent_window_tokens(call.recent_window_from_int2_pages * page_tokens_);
+  usage->set_predicted_cached_tokens(call.request.routing().predicted_local_cached_tokens() +
+                                     call.request.routing().predicted_kvstore_cached_tokens());
+  const absl::Time end = absl::Now();
+  v1::Timings* t = m.mutable_timings();
+  t->set_queue_us(Micros(call.submitted - call.start - call.fetch_time));
+  t->set_kvstore_fetch_us(Micros(call.fetch_time));
+  if (call.first_token != absl::InfiniteFuture()) {
+    t->set_prefill_us(Micros(call.first_token - call.submitted));
+    t->set_time_to_first_token_us(Micros(call.first_token - call.start));
+    t->set_decode_us(Micros(call.last_token - call.first_token));
+  }
+  t->set_total_us(Micros(end - call.start));
+  m.set_worker_id(options_.worker_id);
+}
+
+void DecodeService::CountFinished(const Call& call, v1::FinishReason reason) {
+  const int cached_local = std::min(call.cached_tokens, call.local_pages * page_tokens_);
+  metrics_->requests.With({v1::FinishReason_Name(reason)}).Increment();
+  metrics_->prompt_tokens.With({"local"}).Increment(cached_local);
+  metrics_->prompt_tokens.With({"kvstore"}).Increment(call.cached_tokens - cached_local);
+  metrics_->prompt_tokens.With({"none"}).Increment(call.prompt_tokens - call.cached_tokens);
+  metrics_->generated_tokens.Get().Increment(call.generated);
+  prefilled_tokens_.fetch_add(std::max(0, call.prompt_tokens - call.cached_tokens));
+  metrics_->e2e.Get().Observe(absl::ToDoubleSeconds(absl::Now() - call.start));
+}
+
+grpc::Status DecodeService::ServeGenerate(grpc::ServerContext* context,
+                                          const v1::GenerateRequest& request,
+                                          GenerateWriter* writer) {
+  auto reject = [&](const absl::Status& status) {
+    metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
+    return rpc::ToGrpcStatus(status);
+  };
+  Call call(request, ClientDeadline(*context));
+  if (absl::Status s = BuildEngineRequest(call); !s.ok()) return reject(s);
+
+  // Register the request id (ALREADY_EXISTS for a duplicate in flight).
+  call.channel = std::make_shared<RequestChannel>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    call.request_id = request.request_id().empty()
+                          ? absl::StrCat(options_.worker_id, "-", next_request_number_++)
+                          : request.request_id();
+    if (!in_flight_.emplace(call.request_id, call.channel).second) {
+      return reject(absl::AlreadyExistsError(
+          absl::StrCat("request_id: '", call.request_id, "' is in flight")));
+    }
+  }
+  call.channel->request_id = call.request_id;
+  call.engine_request.request_id = call.request_id;
+  struct Unregister {
+    DecodeService* service;
+    Call* call;
+    ~Unregister() {
+      service->EndPrefilling(call->prefilling);
+      std::lock_guard<std::mutex> lock(service->mu_);
+      service->in_flight_.erase(call->request_id);
+    }
+  } unregister{this, &call};
+
+  absl::StatusOr<PageKey> ns = NamespaceKey(request.cache_salt());
+  if (!ns.ok()) return reject(ns.status());
+  call.namespace_key = call.engine_request.namespace_key = *ns;
+  call.keys = PromptPageKeys(call);
+  TakeCachedPrefix(call);
+  if (absl::Status s = SubmitAndWait(call); !s.ok()) return reject(s);
+  return Stream(context, call, writer);
+}
+
+grpc::Status DecodeService::Stream(grpc::ServerContext* context, Call& call,
+                                   GenerateWriter* writer) {
+  const v1::GenerateRequest& request = call.request;
+  const uint32_t interval = std::max<uint32_t>(1, request.stream_interval());
   v1::GenerateResponse pending;
-  pending.set_request_id(request_id);
+  pending.set_request_id(call.request_id);
   pending.set_worker_id(options_.worker_id);
   int pending_tokens = 0;
   bool client_gone = false;
-  bool cancel_sent = false;
-  int64_t prompt_pages_shared = 0;  // prompt pages published right after prefill
-  absl::Time first_token_time = absl::InfiniteFuture();
-  absl::Time last_token_time = absl::InfinitePast();
-  const absl::Time deadline = absl::FromChrono(context->deadline());
+  bool cancel_sent = false, deadline_cancel = false;
   auto write = [&](v1::GenerateResponse& m) {
     if (!client_gone && !writer->Write(m)) client_gone = true;
     m.Clear();
-    m.set_request_id(request_id);
+    m.set_request_id(call.request_id);
     pending_tokens = 0;
   };
+  // The final message must leave deadline_margin before the client's deadline. The engine is
+  // asked to stop early enough for the step in progress and the next to finish; if its final
+  // event is still missing at the margin, the stream ends here with what was streamed.
+  const absl::Duration step = std::min(absl::Seconds(1), StepEstimate());
+  const absl::Time give_up_at = call.deadline - options_.deadline_margin;
+  const absl::Time cancel_at = give_up_at - 2 * step;
   for (;;) {
     std::deque<engine::GenerationEvent> events;
     {
-      std::unique_lock<std::mutex> lock(channel->mu);
-      channel->cv.wait_for(lock, std::chrono::milliseconds(20),
-                           [&] { return !channel->events.empty(); });
-      events.swap(channel->events);
+      const absl::Time wake =
+          std::min(absl::Now() + absl::Milliseconds(20), cancel_sent ? give_up_at : cancel_at);
+      std::unique_lock<std::mutex> lock(call.channel->mu);
+      call.channel->cv.wait_until(lock, absl::ToChronoTime(wake),
+                                  [&] { return !call.channel->events.empty(); });
+      events.swap(call.channel->events);
     }
     for (engine::GenerationEvent& e : events) {
+      call.cached_tokens = e.cached_tokens;
+      call.recent_window_from_int2_pages = e.recent_window_from_int2_pages;
       if (e.token >= 0) {
         const absl::Time now = absl::Now();
-        if (first_token_time == absl::InfiniteFuture()) {
-          first_token_time = now;
-          metrics_->ttft.Get().Observe(absl::ToDoubleSeconds(now - start));
+        if (call.first_token == absl::InfiniteFuture()) {
+          call.first_token = now;
+          metrics_->ttft.Get().Observe(absl::ToDoubleSeconds(now - call.start));
         } else {
-          metrics_->inter_token.Get().Observe(absl::ToDoubleSeconds(now - last_token_time));
+          metrics_->inter_token.Get().Observe(absl::ToDoubleSeconds(now - call.last_token));
         }
-        last_token_time = now;
+        call.last_token = now;
+        ++call.generated;
         pending.add_token_ids(static_cast<uint32_t>(e.token));
-        if (request->has_logprobs()) {
+        if (request.has_logprobs()) {
           v1::TokenLogprob* lp = pending.add_logprobs();
           lp->set_token_id(static_cast<uint32_t>(e.token));
           lp->set_logprob(e.logprob);
@@ -943,87 +1053,92 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
       if (!e.prompt_pages.empty()) {
         // Prefill is done: share the prompt's pages now, with requests waiting on this worker
         // and through the kvstore, rather than when this one finishes.
-        StoreLocal(request_id, e.prompt_pages);
-        EndPrefilling(prefilling);
+        StoreLocal(call.request_id, e.prompt_pages);
+        EndPrefilling(call.prefilling);
         for (const engine::ExportedPage& p : e.prompt_pages) {
-          prompt_pages_shared = std::max(prompt_pages_shared, p.page_index + 1);
+          call.prompt_pages_shared = std::max(call.prompt_pages_shared, p.page_index + 1);
         }
-        if (ring_ != nullptr) QueuePublish({request_id, namespace_key, std::move(e.prompt_pages)});
+        if (ring_ != nullptr) {
+          QueuePublish({call.request_id, call.namespace_key, std::move(e.prompt_pages)});
+        }
       }
       pending.mutable_text()->append(e.text);
       if (e.finish == engine::FinishReason::kNone) {
         if (pending_tokens >= static_cast<int>(interval)) write(pending);
         continue;
       }
-      // The last message: finish reason, usage, timings.
-      const absl::Time end = absl::Now();
+      // The engine's last event for the sequence.
+      StoreLocal(call.request_id, e.published_pages);
+      EndPrefilling(call.prefilling);
+      if (!e.published_pages.empty() && ring_ != nullptr) {
+        QueuePublish({call.request_id, call.namespace_key, std::move(e.published_pages),
+                      call.prompt_pages_shared});
+      }
+      if (e.finish == engine::FinishReason::kDeadline && call.generated == 0) {
+        return EndBeforeFirstToken(call);
+      }
       pending.set_finish_reason(ToProto(e.finish));
+      if (e.finish == engine::FinishReason::kStopString) pending.set_matched_stop(e.matched_stop);
       if (e.finish == engine::FinishReason::kError) {
         pending.mutable_error()->set_code(grpc::StatusCode::INTERNAL);
         pending.mutable_error()->set_message("the engine failed while generating");
       }
-      pending.set_worker_id(options_.worker_id);
-      v1::Usage* usage = pending.mutable_usage();
-      // The engine imports the pages in order, local run first; when it refused them
-      // (cache_rejected) it imported none and cached is 0.
-      const int cached = e.cached_tokens;
-      const int cached_local = std::min(cached, local_pages * page_tokens_);
-      const int cached_kvstore = cached - cached_local;
-      const int recomputed = std::max(0, fetched_tokens - cached);
-      usage->set_prompt_tokens(e.prompt_tokens);
-      usage->set_completion_tokens(e.generated_tokens);
-      usage->set_cached_local_tokens(cached_local);
-      usage->set_cached_kvstore_tokens(cached_kvstore);
-      usage->set_recomputed_tokens(recomputed);
-      usage->set_uncached_tokens(std::max(0, e.prompt_tokens - cached - recomputed));
-      usage->set_inexact_recent_window_tokens(e.recent_window_from_int2_pages * page_tokens_);
-      usage->set_predicted_cached_tokens(request->routing().predicted_local_cached_tokens() +
-                                         request->routing().predicted_kvstore_cached_tokens());
-      v1::Timings* t = pending.mutable_timings();
-      t->set_queue_us(Micros(submitted - start - fetch_time));
-      t->set_kvstore_fetch_us(Micros(fetch_time));
-      if (first_token_time != absl::InfiniteFuture()) {
-        t->set_prefill_us(Micros(first_token_time - submitted));
-        t->set_time_to_first_token_us(Micros(first_token_time - start));
-        t->set_decode_us(Micros(last_token_time - first_token_time));
-      }
-      t->set_total_us(Micros(end - start));
+      FillUsage(call, pending);
       write(pending);
-
-      metrics_->requests.With({v1::FinishReason_Name(ToProto(e.finish))}).Increment();
-      metrics_->prompt_tokens.With({"local"}).Increment(cached_local);
-      metrics_->prompt_tokens.With({"kvstore"}).Increment(cached_kvstore);
-      metrics_->prompt_tokens.With({"none"}).Increment(e.prompt_tokens - cached);
-      metrics_->generated_tokens.Get().Increment(e.generated_tokens);
-      prefilled_tokens_.fetch_add(std::max(0, e.prompt_tokens - cached));
-      metrics_->e2e.Get().Observe(absl::ToDoubleSeconds(end - start));
-      StoreLocal(request_id, e.published_pages);
-      EndPrefilling(prefilling);
-      if (!e.published_pages.empty() && ring_ != nullptr) {
-        QueuePublish({request_id, namespace_key, std::move(e.published_pages),
-                      prompt_pages_shared});
-      }
+      CountFinished(call, ToProto(e.finish));
       if (client_gone || context->IsCancelled()) return grpc::Status::CANCELLED;
       if (e.finish == engine::FinishReason::kError) {
         return grpc::Status(grpc::StatusCode::INTERNAL, "the engine failed while generating");
       }
       return grpc::Status::OK;
     }
+    const absl::Time now = absl::Now();
+    if (deadline_cancel && now >= give_up_at) {
+      // The engine is still in a step: end the stream without its final event.
+      if (call.generated == 0) return EndBeforeFirstToken(call);
+      fprintf(stderr,
+              "kvstrata-decode: request %s (sequence %llu): the engine had not stopped by the "
+              "deadline margin; ending the stream after %d tokens\n",
+              call.request_id.c_str(), static_cast<unsigned long long>(call.sequence_id),
+              call.generated);
+      pending.set_finish_reason(v1::FINISH_REASON_DEADLINE);
+      FillUsage(call, pending);
+      write(pending);
+      CountFinished(call, v1::FINISH_REASON_DEADLINE);
+      return client_gone ? grpc::Status::CANCELLED : grpc::Status::OK;
+    }
     if (cancel_sent) continue;
-    if (absl::Now() >= deadline - absl::Milliseconds(20)) {
-      RequestCancel(sequence_id, engine::FinishReason::kDeadline);
-      cancel_sent = true;
+    if (now >= cancel_at) {
+      RequestCancel(call.sequence_id, engine::FinishReason::kDeadline);
+      cancel_sent = deadline_cancel = true;
     } else if (client_gone || context->IsCancelled()) {
       fprintf(stderr, "kvstrata-decode: request %s (sequence %llu): client went away, cancelling\n",
-              request_id.c_str(), static_cast<unsigned long long>(sequence_id));
+              call.request_id.c_str(), static_cast<unsigned long long>(call.sequence_id));
       client_gone = true;
-      RequestCancel(sequence_id, engine::FinishReason::kCancelled);
+      RequestCancel(call.sequence_id, engine::FinishReason::kCancelled);
       cancel_sent = true;
-    } else if (channel->abort_requested.load()) {
-      RequestCancel(sequence_id, engine::FinishReason::kCancelled);
+    } else if (call.channel->abort_requested.load()) {
+      RequestCancel(call.sequence_id, engine::FinishReason::kCancelled);
       cancel_sent = true;
     }
   }
+}
+
+grpc::Status DecodeService::EndBeforeFirstToken(const Call& call) {
+  metrics_->rejected.With({absl::StatusCodeToString(absl::StatusCode::kDeadlineExceeded)})
+      .Increment();
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      absl::StrCat("the deadline passed before the first token (prompt ",
+                                   call.prompt_tokens, " tokens, ",
+                                   call.prompt_tokens - call.cached_tokens, " to prefill)"));
+}
+
+grpc::Status DecodeService::RejectUnparseable(grpc::ServerContext* context,
+                                              const absl::Status& status) {
+  metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
+  fprintf(stderr, "kvstrata-decode: refused a Generate request from %s: %s\n",
+          context->peer().c_str(), std::string(status.message()).c_str());
+  return rpc::ToGrpcStatus(status);
 }
 
 grpc::Status DecodeService::Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
@@ -1052,14 +1167,17 @@ grpc::Status DecodeService::GetServerInfo(grpc::ServerContext* context,
   response->set_api_version("kvstrata.v1");
   response->set_model(options_.model_name);
   response->set_model_fingerprint(model_fingerprint_);
-  for (int32_t id : eos_token_ids_) response->add_eos_token_ids(static_cast<uint32_t>(id));
   response->set_vocab_size(static_cast<uint32_t>(vocab_size_));
   response->set_has_chat_template(has_chat_template_);
   *response->mutable_kv_format() = kv_format_proto_;
-  response->set_max_context_tokens(static_cast<uint32_t>(max_context_));
-  response->set_max_n(1);
-  response->set_max_stop_strings(kMaxStopStrings);
-  response->set_max_logprobs_top_n(static_cast<uint32_t>(options_.max_logprobs_top_n));
+  const v1::RequestLimits limits = Limits();
+  response->set_max_context_tokens(limits.max_context_tokens());
+  response->set_max_n(limits.max_n());
+  response->set_max_stop_strings(limits.max_stop_strings());
+  response->set_max_logprobs_top_n(limits.max_logprobs_top_n());
+  *response->mutable_eos_token_ids() = limits.eos_token_ids();
+  response->set_max_request_bytes(
+      static_cast<uint32_t>(std::min<int64_t>(options_.max_request_bytes, UINT32_MAX)));
   response->set_max_queued_requests(static_cast<uint32_t>(options_.max_queued_requests));
   return grpc::Status::OK;
 }

@@ -33,6 +33,7 @@
 #include "core/metrics.h"
 #include "engine/engine.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
+#include "services/common/generation_service.h"
 #include "services/decode/local_pages.h"
 #include "services/decode/registration.h"
 #include "services/kvstore/client.h"
@@ -54,12 +55,18 @@ struct DecodeServiceOptions {
   int max_queued_requests = 64;
   // Largest LogprobOptions.top_n accepted.
   int max_logprobs_top_n = 20;
+  // A stream's final message leaves at least this long before the client's deadline (finish
+  // reason DEADLINE once output began, DEADLINE_EXCEEDED before).
+  absl::Duration deadline_margin = absl::Milliseconds(30);
+  // Largest request message accepted (the gRPC server's receive limit, set by main); reported in
+  // GetServerInfo.
+  int64_t max_request_bytes = int64_t{64} << 20;
 };
 
 class DecodeMetrics;
 struct RequestChannel;
 
-class DecodeService final : public v1::Generation::Service {
+class DecodeService final : public GenerationService {
  public:
   // Takes the engine; `registry` is borrowed and must outlive the service. Starts the engine and
   // publisher threads.
@@ -68,8 +75,8 @@ class DecodeService final : public v1::Generation::Service {
   // Cancels what is running, then stops the threads (pending publishes are finished first).
   ~DecodeService() override;
 
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status ServeGenerate(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                             GenerateWriter* writer) override;
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
@@ -96,8 +103,36 @@ class DecodeService final : public v1::Generation::Service {
   // RegisterWorker's fields for this worker served at `address` (all but incarnation and
   // local_page_keys, which RouterRegistration fills).
   v1::RegisterWorkerRequest WorkerDescription(const std::string& address) const;
+  // The limits this worker enforces, as GetServerInfo and the registration report them.
+  v1::RequestLimits Limits() const;
+
+ protected:
+  grpc::Status RejectUnparseable(grpc::ServerContext* context,
+                                 const absl::Status& status) override;
 
  private:
+  struct Call;
+  // The steps of a Generate call, in order.
+  // Validates the request (INVALID_ARGUMENT naming the field), tokenises it, checks the context
+  // limit and fills call.engine_request.
+  absl::Status BuildEngineRequest(Call& call) const;
+  // The radix-hash root for a cache salt, made on the engine thread.
+  absl::StatusOr<PageKey> NamespaceKey(const std::string& cache_salt);
+  // The router's page keys, or the prompt's hashed here.
+  std::vector<PageKey> PromptPageKeys(const Call& call) const;
+  // The cached prefix: the local tier's leading run, then the kvstore's pages after it.
+  void TakeCachedPrefix(Call& call);
+  absl::Status SubmitAndWait(Call& call);
+  // Relays the engine's events until the sequence ends (or the deadline margin is reached).
+  grpc::Status Stream(grpc::ServerContext* context, Call& call, GenerateWriter* writer);
+  void FillUsage(const Call& call, v1::GenerateResponse& m) const;
+  void CountFinished(const Call& call, v1::FinishReason reason);
+  grpc::Status EndBeforeFirstToken(const Call& call);
+  // Recent engine step time (an exponential average), for ending streams before deadlines.
+  absl::Duration StepEstimate() const {
+    return absl::Microseconds(step_micros_.load(std::memory_order_relaxed));
+  }
+
   struct PendingSubmit {
     engine::GenerationRequest request;
     std::shared_ptr<RequestChannel> channel;
@@ -190,6 +225,7 @@ class DecodeService final : public v1::Generation::Service {
   std::atomic<int64_t> total_pages_{0};
   std::atomic<int64_t> generated_tokens_{0};
   std::atomic<int64_t> prefilled_tokens_{0};
+  std::atomic<int64_t> step_micros_{0};
 
   std::thread engine_thread_;
   std::thread publish_thread_;

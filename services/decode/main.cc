@@ -66,6 +66,12 @@ ABSL_FLAG(uint32_t, router_rpc_deadline_ms, 500,
 ABSL_FLAG(std::string, worker_id, "decode-0",
           "Identity reported as worker_id (and to the router).");
 ABSL_FLAG(int, max_queued_requests, 64, "Queued requests before RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint32_t, deadline_margin_ms, 30,
+          "How long before a client's deadline the worker sends a stream's final message "
+          "(finish_reason DEADLINE once output began).");
+ABSL_FLAG(uint32_t, max_request_bytes, 64 << 20,
+          "Largest request message accepted, in bytes (gRPC refuses larger ones with "
+          "RESOURCE_EXHAUSTED); keep it above what a max-context prompt takes.");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight RPCs may finish before being cancelled.");
 
@@ -131,6 +137,19 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_queued_requests: must be >= 1");
   }
   config.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  const uint32_t margin = absl::GetFlag(FLAGS_deadline_margin_ms);
+  if (margin > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--deadline_margin_ms=", margin, ": must be in [0, 10000]"));
+  }
+  config.service.deadline_margin = absl::Milliseconds(margin);
+  config.service.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  if (config.service.max_request_bytes < (1 << 20) ||
+      config.service.max_request_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_request_bytes=",
+                                                   config.service.max_request_bytes,
+                                                   ": must be in [1 MiB, 1 GiB]"));
+  }
 
   std::error_code ec;
   config.engine.rotations_path = absl::GetFlag(FLAGS_rotations);
@@ -186,7 +205,10 @@ int Run(DecodeConfig config) {
     }
   }
   absl::StatusOr<std::unique_ptr<rpc::Server>> server =
-      rpc::Server::Start({.listen_address = config.listen, .services = {&service}});
+      rpc::Server::Start({.listen_address = config.listen,
+                          .services = {&service},
+                          .max_receive_message_bytes =
+                              static_cast<int>(config.service.max_request_bytes)});
   if (!server.ok()) {
     fprintf(stderr, "kvstrata-decode: --listen: %s\n", server.status().ToString().c_str());
     return 1;

@@ -59,6 +59,13 @@ ABSL_FLAG(double, load_bound, 1.25,
           "prefix-affinity: no worker takes more than this times the average load (>= 1).");
 ABSL_FLAG(double, fetch_cost_ratio, 0.1,
           "prefix-affinity: cost of fetching a page from the kvstore / computing it, in [0, 1].");
+ABSL_FLAG(uint32_t, deadline_margin_ms, 50,
+          "How long before a client's deadline the router ends its stream (finish_reason "
+          "DEADLINE when output began): workers get the deadline less this.");
+ABSL_FLAG(uint32_t, max_request_bytes, 64 << 20,
+          "Largest request message accepted, in bytes (gRPC refuses larger ones with "
+          "RESOURCE_EXHAUSTED). Keep it above what max_context_tokens of text can take, so that "
+          "too long a prompt is refused as OUT_OF_RANGE by the router itself.");
 ABSL_FLAG(bool, log_requests, true,
           "Log one line per request: worker, routing reason, predicted and actual cached tokens.");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
@@ -128,6 +135,17 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--max_in_flight_requests: must be >= 1");
   }
   o.log_requests = absl::GetFlag(FLAGS_log_requests);
+  const uint32_t margin = absl::GetFlag(FLAGS_deadline_margin_ms);
+  if (margin > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--deadline_margin_ms=", margin, ": must be in [0, 10000]"));
+  }
+  o.deadline_margin = absl::Milliseconds(margin);
+  o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  if (o.max_request_bytes < (1 << 20) || o.max_request_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_request_bytes=", o.max_request_bytes, ": must be in [1 MiB, 1 GiB]"));
+  }
   c.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
 
   std::error_code ec;
@@ -184,7 +202,9 @@ int Run(const RouterConfig& config) {
     }
   }
   absl::StatusOr<std::unique_ptr<rpc::Server>> server = rpc::Server::Start(
-      {.listen_address = config.listen, .services = {&generation, &registry_service}});
+      {.listen_address = config.listen,
+       .services = {&generation, &registry_service},
+       .max_receive_message_bytes = static_cast<int>(config.router.max_request_bytes)});
   if (!server.ok()) {
     fprintf(stderr, "kvstrata-router: --listen: %s\n", server.status().ToString().c_str());
     return 1;

@@ -61,6 +61,10 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
     it->second.incarnation = request->incarnation();
     it->second.identity_checked = true;
     it->second.keeps_local_pages = request->local_page_capacity_bytes() > 0 || !keys->empty();
+    it->second.limits.reset();
+    if (request->has_limits() && request->limits().max_context_tokens() > 0) {
+      it->second.limits = request->limits();
+    }
   }
   r.metrics_->registrations.Get().Increment();
   fprintf(stderr,

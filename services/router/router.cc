@@ -205,6 +205,26 @@ void Router::ForgetWorker(const std::string& id) {
   if (it != worker_states_.end()) it->second.keeps_local_pages = false;
 }
 
+std::optional<v1::RequestLimits> Router::PoolLimits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<v1::RequestLimits> pool;
+  auto smaller = [](uint32_t a, uint32_t b) { return a == 0 ? b : b == 0 ? a : std::min(a, b); };
+  for (const auto& [id, state] : worker_states_) {
+    if (!state.limits) continue;
+    if (!pool) {
+      pool = *state.limits;
+      continue;
+    }
+    pool->set_max_context_tokens(
+        smaller(pool->max_context_tokens(), state.limits->max_context_tokens()));
+    pool->set_max_n(smaller(pool->max_n(), state.limits->max_n()));
+    pool->set_max_stop_strings(smaller(pool->max_stop_strings(), state.limits->max_stop_strings()));
+    pool->set_max_logprobs_top_n(
+        smaller(pool->max_logprobs_top_n(), state.limits->max_logprobs_top_n()));
+  }
+  return pool;
+}
+
 std::vector<WorkerInfo> Router::LiveWorkers() {
   // Expire here rather than inside Snapshot, so a dropped worker is always logged, counted and
   // forgotten by the index.
@@ -259,7 +279,17 @@ void Router::ProbeStaticWorkers() {
       metrics_->dropped.With({"identity"}).Increment();
     }
     std::lock_guard<std::mutex> lock(mu_);
-    worker_states_[w.id].identity_checked = true;
+    WorkerState& state = worker_states_[w.id];
+    state.identity_checked = true;
+    if (check.ok() && info.max_context_tokens() > 0) {
+      v1::RequestLimits limits;
+      limits.set_max_context_tokens(info.max_context_tokens());
+      limits.set_max_n(info.max_n());
+      limits.set_max_stop_strings(info.max_stop_strings());
+      limits.set_max_logprobs_top_n(info.max_logprobs_top_n());
+      *limits.mutable_eos_token_ids() = info.eos_token_ids();
+      state.limits = limits;
+    }
   }
 }
 
@@ -272,9 +302,10 @@ void Router::CancellationLoop() {
       for (const auto& [id, f] : in_flight_) running.push_back(f);
     }
     for (const std::shared_ptr<InFlight>& f : running) {
-      if (!f->server_context->IsCancelled()) continue;
+      // Under f->mu: a handler that has returned has cleared server_context first.
       std::lock_guard<std::mutex> lock(f->mu);
-      if (f->worker_call != nullptr) f->worker_call->TryCancel();
+      if (f->server_context == nullptr || f->worker_call == nullptr) continue;
+      if (f->server_context->IsCancelled()) f->worker_call->TryCancel();
     }
   } while (SleepUnlessStopping(absl::Milliseconds(20)));
 }

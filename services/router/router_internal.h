@@ -92,6 +92,9 @@ class RouterMetrics {
     for (const char* direction : {"over", "under"}) mispredictions.With({direction});
     for (const char* reason : {"silent", "draining", "identity"}) dropped.With({reason});
     for (const char* event : {"stored", "removed"}) kvstore_events.With({event});
+    running.Get();
+    workers.Get();
+    index_keys.Get();
     predicted_cached_tokens.Get();
     generated_tokens.Get();
     kvstore_watch_errors.Get();
@@ -120,10 +123,12 @@ class RouterMetrics {
   Family<Counter>& kvstore_watch_errors;
 };
 
-// A request in flight: the cancellation thread and Abort reach the worker call through it.
+// A request in flight: the cancellation thread and Abort reach the worker call through it. The
+// handler clears server_context (under mu) before it returns, since gRPC frees the context
+// then: the cancellation thread may still hold this record and must not touch a freed context.
 struct InFlight {
-  grpc::ServerContext* server_context = nullptr;
   std::mutex mu;
+  grpc::ServerContext* server_context = nullptr;  // guarded by mu; null once the handler ends
   grpc::ClientContext* worker_call = nullptr;  // guarded by mu; null between attempts
   std::string worker_address;                  // guarded by mu
   bool aborted = false;                        // guarded by mu

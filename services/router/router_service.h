@@ -8,8 +8,15 @@
 // the live workers and the prefix index, and forward the request as token ids with RoutingHints
 // (the page keys and the predicted cached tokens). The worker's stream is relayed as it comes.
 // A worker that fails before any message reached the client (it is down, full, draining) is
-// retried on another worker, up to max_attempts in all; after output began the error goes to the
-// client as the worker sent it.
+// retried on another worker, up to max_attempts in all. After output began a failure is not
+// retried: the client gets a final message with finish_reason ERROR and `error`, then the same
+// status. The router forwards the client's deadline less deadline_margin, and if the worker has
+// not ended the stream by then it ends it itself with finish_reason DEADLINE (output began) or
+// DEADLINE_EXCEEDED (none did), so the client hears the end before its deadline.
+//
+// Limits: the pool's (the smallest over its live workers, as they registered them) are what
+// GetServerInfo reports; a prompt beyond the pool's max_context_tokens is refused here with
+// OUT_OF_RANGE, before any worker is involved.
 //
 // What the prefix index learns, and from where:
 //   - workers: the local page keys in RegisterWorker (a snapshot) and Heartbeat (net changes);
@@ -46,6 +53,7 @@
 #include "core/metrics.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
 #include "kvstrata/v1/worker.grpc.pb.h"
+#include "services/common/generation_service.h"
 #include "services/router/policy.h"
 #include "services/router/prefix_index.h"
 #include "services/router/worker_table.h"
@@ -79,6 +87,12 @@ struct RouterOptions {
   // One line per finished request on stderr: worker, routing reason, predicted and actual
   // cached tokens.
   bool log_requests = true;
+  // How long before the client's deadline the router ends a stream: the worker is given the
+  // client's deadline less this, and the router's own final message needs the rest to arrive.
+  absl::Duration deadline_margin = absl::Milliseconds(50);
+  // Largest request message accepted (the gRPC server's receive limit, set by main); reported in
+  // GetServerInfo.
+  int64_t max_request_bytes = int64_t{64} << 20;
 };
 
 // What every worker of the pool must share for page keys to match.
@@ -111,6 +125,9 @@ class Router {
   std::optional<PoolIdentity> identity() const;
   // The workers in the pool, after dropping (and forgetting) the silent ones.
   std::vector<WorkerInfo> LiveWorkers();
+  // The limits every worker that stated its own can honour: the smallest of each, and the EOS
+  // ids of one of them (they share the model). nullopt while no worker has stated any.
+  std::optional<v1::RequestLimits> PoolLimits() const;
   PrefixIndex& prefix_index() { return index_; }
 
  private:
@@ -121,6 +138,7 @@ class Router {
     uint64_t incarnation = 0;
     bool identity_checked = false;  // registered, or a static worker that answered
     bool keeps_local_pages = false;  // has reported local page keys or local hits
+    std::optional<v1::RequestLimits> limits;  // as registered (or read from a static worker)
   };
 
   Router(tokenizer::PromptEncoder encoder, const RouterOptions& options,
@@ -174,18 +192,30 @@ class Router {
 };
 
 // kvstrata.v1.Generation, public side.
-class RouterService final : public v1::Generation::Service {
+class RouterService final : public GenerationService {
  public:
   explicit RouterService(Router* router) : router_(router) {}
 
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status ServeGenerate(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                             GenerateWriter* writer) override;
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
 
+ protected:
+  grpc::Status RejectUnparseable(grpc::ServerContext* context,
+                                 const absl::Status& status) override;
+
  private:
+  struct Prepared;
+  struct Attempt;
+  // Validation, tokenisation, the context limit and the prompt's page keys.
+  absl::StatusOr<Prepared> Prepare(const v1::GenerateRequest& request) const;
+  // One worker's stream relayed to the client; says whether another worker may be tried.
+  Attempt RelayFrom(const RouteDecision& decision, grpc::ServerContext* context, const v1::GenerateRequest& forward,
+                    const Prepared& prepared, InFlight& flight, GenerateWriter* writer);
+
   Router* const router_;
 };
 

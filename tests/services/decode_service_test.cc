@@ -27,6 +27,7 @@
 #include "services/kvstore/kvstore_service.h"
 #include "services/kvstore/page_store.h"
 #include "tests/services/decode_fake_registry.h"
+#include "tests/testing/raw_call.h"
 
 namespace kvstrata::decode {
 namespace {
@@ -330,6 +331,105 @@ TEST(DecodeServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
   r = Chat("", "Hi", 4);
   r.mutable_token_ids()->add_ids(1u << 30);
   expect_invalid(r, "token_ids.ids[0]");
+}
+
+// The parts of the Generation contract a worker keeps on its own (issue: the router relied on
+// them): gauges before the first request, limits in ServerInfo, matched_stop, a deadline during
+// decoding, requests that do not parse, and a malformed routing hint.
+TEST(DecodeServiceTest, WorkerKeepsTheGenerationContract) {
+  std::unique_ptr<DecodeInstance> d = StartDecode({}, "w6");
+  REQUIRE_INSTANCE(d);
+  const std::string before = d->registry.Render();
+  EXPECT_NE(before.find("\nkvstrata_decode_running_sequences 0\n"), std::string::npos) << before;
+  EXPECT_NE(before.find("\nkvstrata_decode_waiting_requests 0\n"), std::string::npos) << before;
+
+  grpc::ClientContext info_context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(d->stub->GetServerInfo(&info_context, {}, &info).ok());
+  EXPECT_GT(info.max_context_tokens(), 1000u);
+  EXPECT_EQ(info.max_n(), 1u);
+  EXPECT_GT(info.max_stop_strings(), 0u);
+  EXPECT_GE(info.max_request_bytes(), 64u << 20);
+  const v1::RegisterWorkerRequest description = d->service->WorkerDescription("127.0.0.1:1");
+  EXPECT_EQ(description.limits().max_context_tokens(), info.max_context_tokens());
+
+  // A stop string: the reply to this certainly has a space in it.
+  v1::GenerateRequest stop = Chat("", "What is the capital of France?", 32);
+  stop.mutable_stop()->add_stop_strings(" ");
+  Result r = Call(*d->stub, stop);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.finish, v1::FINISH_REASON_STOP_STRING);
+  {
+    grpc::ClientContext c;
+    auto reader = d->stub->Generate(&c, stop);
+    v1::GenerateResponse m, last;
+    while (reader->Read(&m)) last = m;
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_STOP_STRING);
+    EXPECT_EQ(last.matched_stop(), " ");
+  }
+
+  // A deadline reached while decoding: DEADLINE, usage and OK, before the deadline.
+  {
+    v1::GenerateRequest g = Chat("", "Tell me a long story about a dragon.", 4000);
+    g.mutable_stop()->set_ignore_eos(true);
+    grpc::ClientContext c;
+    const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(1500);
+    c.set_deadline(deadline);
+    auto reader = d->stub->Generate(&c, g);
+    v1::GenerateResponse m, last;
+    uint32_t tokens = 0;
+    while (reader->Read(&m)) {
+      tokens += static_cast<uint32_t>(m.token_ids_size());
+      last = m;
+    }
+    const grpc::Status s = reader->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+    EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_DEADLINE);
+    ASSERT_TRUE(last.has_usage());
+    EXPECT_EQ(last.usage().completion_tokens(), tokens);
+    EXPECT_GT(tokens, 0u);
+  }
+  // One that passes before the first token is DEADLINE_EXCEEDED.
+  {
+    v1::GenerateRequest g = Chat(LongSystemPrompt(), "Summarise.", 16);
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(40));
+    auto reader = d->stub->Generate(&c, g);
+    v1::GenerateResponse m;
+    int messages = 0;
+    while (reader->Read(&m)) ++messages;
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_EQ(messages, 0);
+  }
+
+  // Bytes that are not a GenerateRequest.
+  auto channel = grpc::CreateChannel(d->server->address(), grpc::InsecureChannelCredentials());
+  test_util::RawResult raw = test_util::RawServerStreamingCall(
+      channel, "/kvstrata.v1.Generation/Generate", std::string("\x1a\x02\xc3\x28", 4));
+  EXPECT_EQ(raw.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(raw.status.error_message().find("text"), std::string::npos)
+      << raw.status.error_message();
+  raw = test_util::RawServerStreamingCall(channel, "/kvstrata.v1.Generation/Generate",
+                                          std::string("\x0b\x0c\x0d", 3));
+  EXPECT_EQ(raw.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(raw.status.error_message().find("GenerateRequest"), std::string::npos)
+      << raw.status.error_message();
+
+  // From a router, a page key must be 16 bytes.
+  v1::GenerateRequest hinted = Chat("", "Hi", 4);
+  hinted.mutable_routing()->add_prefix_page_keys("short");
+  r = Call(*d->stub, hinted);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("routing.prefix_page_keys[0]"), std::string::npos);
+
+  // Context limit, in the router's words.
+  v1::GenerateRequest too_long;
+  for (uint32_t i = 0; i < info.max_context_tokens(); ++i) too_long.mutable_token_ids()->add_ids(42);
+  r = Call(*d->stub, too_long);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(r.status.error_message().find("max_context_tokens="), std::string::npos);
+  EXPECT_NE(d->registry.Render().find("kvstrata_decode_running_sequences 0"), std::string::npos);
 }
 
 constexpr int64_t kLocalTier = int64_t{64} << 20;

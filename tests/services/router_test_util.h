@@ -265,7 +265,7 @@ class RouterServiceTest : public ::testing::Test {
 
   static std::string Text(int pages) {
     std::string s;
-    for (int i = 0; i < pages * kPage; ++i) s += static_cast<char>('a' + i % 26);
+    for (int i = 0; i < pages * static_cast<int>(kPage); ++i) s += static_cast<char>('a' + i % 26);
     return s;
   }
 
