@@ -88,6 +88,7 @@ class Walker {
       const uint32_t tag = in.ReadTag();
       if (tag == 0) return Fail(at, path, "invalid field tag");
       const int number = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
+      if (number == 0) return Fail(at, path, "field number 0");
       const WireFormatLite::WireType wire = WireFormatLite::GetTagWireType(tag);
       const FieldDescriptor* field = type.FindFieldByNumber(number);
       std::string name = field != nullptr ? Join(path, field->name())
@@ -144,7 +145,9 @@ class Walker {
             return Fail(at, name, absl::StrCat("groups nested more than ", kMaxDepth, " deep"));
           }
           in.SetRecursionLimit(kMaxDepth - depth);
-          if (!WireFormatLite::SkipField(&in, tag)) return Fail(at, name, "malformed group");
+          if (!WireFormatLite::SkipField(&in, tag)) {
+            return Fail(at, name, "malformed group, or groups nested too deep");
+          }
           break;
         case WireFormatLite::WIRETYPE_END_GROUP:
           return Fail(at, name, "end-group tag without a group");

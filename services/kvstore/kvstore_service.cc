@@ -1,5 +1,7 @@
 #include "services/kvstore/kvstore_service.h"
 
+#include <grpcpp/support/method_handler.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
+#include "rpc/parse.h"
 #include "rpc/status.h"
 #include "services/kvstore/transport.h"
 
@@ -265,6 +268,11 @@ KvStoreService::KvStoreService(PageStore* store, const KvStoreServiceOptions& op
       start_time_unix_ms_(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()))),
       metrics_(std::make_unique<KvStoreMetrics>(*registry)) {
   metrics_->Sync(store_->Stats());
+  // Method 1 of kvstrata.v1.KvStore is Put (proto order), served as a stream of raw messages.
+  MarkMethodStreamed(1, new grpc::internal::TemplatedBidiStreamingHandler<PutStream, false>(
+                            [this](grpc::ServerContext* context, PutStream* stream) {
+                              return Put(context, stream);
+                            }));
 }
 
 KvStoreService::~KvStoreService() = default;
@@ -306,16 +314,25 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
   return Finish("Lookup", start, status);
 }
 
-grpc::Status KvStoreService::Put(grpc::ServerContext* /*context*/,
-                                 grpc::ServerReader<v1::PutRequest>* reader,
-                                 v1::PutResponse* response) {
+grpc::Status KvStoreService::Put(grpc::ServerContext* /*context*/, PutStream* stream) {
   const absl::Time start = absl::Now();
+  v1::PutResponse reply;
+  v1::PutResponse* response = &reply;
   absl::Status status = [&]() -> absl::Status {
     std::optional<PageMeta> current;
     std::vector<uint8_t> buffer;
     int page_number = 0;
+    int message_number = 0;
     v1::PutRequest request;
-    while (reader->Read(&request)) {
+    grpc::ByteBuffer bytes;
+    while (stream->Read(&bytes)) {
+      if (absl::Status s = rpc::ParseRequest(bytes, &request); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "message ", message_number, " of the stream",
+            current.has_value() ? absl::StrCat(" (page ", current->key.ToHex(), ")") : "", ": ",
+            s.message(), "; that page is not stored"));
+      }
+      ++message_number;
       switch (request.part_case()) {
         case v1::PutRequest::kHeader: {
           if (current.has_value()) {
@@ -366,6 +383,9 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* /*context*/,
     }
     return absl::OkStatus();
   }();
+  if (status.ok() && !stream->Write(reply)) {
+    status = absl::CancelledError("the client went away before the reply");
+  }
   return Finish("Put", start, status);
 }
 

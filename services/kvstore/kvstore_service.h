@@ -9,6 +9,9 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/sync_stream.h>
+
 #include "core/metrics.h"
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "services/kvstore/page_store.h"
@@ -38,8 +41,6 @@ class KvStoreService final : public v1::KvStore::Service {
 
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
-  grpc::Status Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
-                   v1::PutResponse* response) override;
   grpc::Status Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
                      grpc::ServerWriter<v1::FetchResponse>* writer) override;
   grpc::Status Pin(grpc::ServerContext* context, const v1::PinRequest* request,
@@ -54,6 +55,11 @@ class KvStoreService final : public v1::KvStore::Service {
                             v1::OpenTransferResponse* response) override;
 
  private:
+  // Put reads its messages as bytes and parses them itself: gRPC's own reader reports a message
+  // that does not parse as the end of the stream, which would commit a Put that was cut short.
+  using PutStream = grpc::ServerReaderWriter<v1::PutResponse, grpc::ByteBuffer>;
+  grpc::Status Put(grpc::ServerContext* context, PutStream* stream);
+
   // Records latency and outcome of one call and refreshes the store gauges.
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
 

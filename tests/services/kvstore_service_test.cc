@@ -14,6 +14,7 @@
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "rpc/server.h"
 #include "tests/services/test_pages.h"
+#include "tests/testing/raw_call.h"
 
 namespace kvstrata::kvstore {
 namespace {
@@ -141,6 +142,47 @@ TEST_F(KvStoreServiceTest, PutLookupFetchRoundTrip) {
   EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(missing.error_message(), HasSubstr(Key(9).ToHex()));
   EXPECT_EQ(pages.size(), 1u);
+}
+
+// A stream message that does not parse fails the Put; gRPC's own reader would have ended the
+// stream there and committed it as if complete.
+TEST_F(KvStoreServiceTest, AnUnparseableMessageFailsThePutAndItsPageIsNotStored) {
+  std::vector<TestPage> chain = MakeChain({1, 2});
+  auto header_of = [](const TestPage& page) {
+    v1::PutRequest request;
+    v1::PageHeader* header = request.mutable_header();
+    header->set_key(page.meta.key.ToBytes());
+    header->set_parent_key(page.meta.parent_key.ToBytes());
+    header->set_page_index(page.meta.page_index);
+    header->set_encoding(ToProto(page.meta.form));
+    header->set_byte_length(page.meta.byte_length);
+    header->set_checksum_xxh3_64(page.meta.checksum_xxh3_64);
+    return request.SerializeAsString();
+  };
+  v1::PutRequest chunk;
+  chunk.set_chunk(reinterpret_cast<const char*>(chain[0].bytes.data()), chain[0].bytes.size());
+  v1::PutRequest chunk1;
+  chunk1.set_chunk(reinterpret_cast<const char*>(chain[1].bytes.data()), chain[1].bytes.size());
+  // Page 0 whole, a message of garbage, then page 1 whole: the garbage is not the end.
+  const std::vector<std::string> messages = {header_of(chain[0]), chunk.SerializeAsString(),
+                                             std::string("\xff\xff\xff", 3), header_of(chain[1]),
+                                             chunk1.SerializeAsString()};
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  test_util::RawResult r =
+      test_util::RawClientStreamingCall(channel, "/kvstrata.v1.KvStore/Put", messages);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("message 2"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("kvstrata.v1.PutRequest"));
+  // As the API says, the pages before the failure are committed; nothing after it is.
+  EXPECT_EQ(store_->Stats().pages, 1u);
+  std::vector<std::string> pages;
+  EXPECT_EQ(Fetch({Key(2)}, 0, &pages).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // The whole stream again, well formed, completes the chain.
+  v1::PutResponse put;
+  ASSERT_TRUE(Put(chain, &put).ok());
+  EXPECT_EQ(put.pages_stored(), 1u);
+  EXPECT_EQ(put.pages_already_present(), 1u);
 }
 
 TEST_F(KvStoreServiceTest, FullStoreEvictsDuringPut) {
