@@ -256,8 +256,16 @@ RouterService::Attempt RouterService::RelayFrom(const RouteDecision& decision,
   {
     std::lock_guard<std::mutex> lock(flight.mu);
     if (flight.aborted) {
-      m.rejected.With({CodeString(grpc::StatusCode::CANCELLED)}).Increment();
-      return {.status = grpc::Status(grpc::StatusCode::CANCELLED, "aborted before it was routed")};
+      // As the worker would: finish_reason ABORT with usage, and OK.
+      v1::GenerateResponse last;
+      last.set_request_id(request_id);
+      last.set_finish_reason(v1::FINISH_REASON_ABORT);
+      last.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(prepared.prompt.size()));
+      last.mutable_usage()->set_uncached_tokens(static_cast<uint32_t>(prepared.prompt.size()));
+      last.mutable_timings()->set_total_us(Micros(absl::Now() - start));
+      m.requests.With({v1::FinishReason_Name(v1::FINISH_REASON_ABORT)}).Increment();
+      writer->Write(last);
+      return {.status = grpc::Status::OK};
     }
     flight.worker_call = &call;
     flight.worker_address = decision.address;
@@ -433,15 +441,26 @@ grpc::Status RouterService::Abort(grpc::ServerContext* context, const v1::AbortR
     address = flight->worker_address;
   }
   response->set_found(true);
-  if (address.empty()) return grpc::Status::OK;
-  // The worker ends the stream with finish_reason ABORT and usage, which the router relays.
-  grpc::ClientContext call;
-  call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  v1::AbortResponse ignored;
-  const grpc::Status status = router_->StubFor(address)->Abort(&call, *request, &ignored);
-  if (!status.ok()) {
-    fprintf(stderr, "kvstrata-router: request %s: forwarding abort to %s failed: %s\n",
-            request->request_id().c_str(), address.c_str(), status.error_message().c_str());
+  if (address.empty()) return grpc::Status::OK;  // not routed yet: it ends when it would be
+  // The worker ends the stream with finish_reason ABORT and usage, which the router relays. It
+  // may not know the request yet (still in transit): ask again for a short while.
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    grpc::ClientContext call;
+    call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::AbortResponse answer;
+    const grpc::Status status = router_->StubFor(address)->Abort(&call, *request, &answer);
+    if (!status.ok()) {
+      fprintf(stderr, "kvstrata-router: request %s: forwarding abort to %s failed: %s\n",
+              request->request_id().c_str(), address.c_str(), status.error_message().c_str());
+      break;
+    }
+    if (answer.found()) break;
+    {
+      std::lock_guard<std::mutex> lock(router_->mu_);
+      auto it = router_->in_flight_.find(request->request_id());
+      if (it == router_->in_flight_.end() || it->second != flight) break;  // it ended meanwhile
+    }
+    absl::SleepFor(absl::Milliseconds(20));
   }
   return grpc::Status::OK;
 }

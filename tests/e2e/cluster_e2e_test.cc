@@ -38,6 +38,7 @@
 #include "kvstrata/v1/generate.grpc.pb.h"
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "tests/testing/loopback.h"
+#include "tests/testing/process.h"
 
 #if !defined(KVSTRATA_ROUTER_BINARY) || !defined(KVSTRATA_DECODE_BINARY) || \
     !defined(KVSTRATA_KVSTORE_BINARY)
@@ -47,103 +48,13 @@
 namespace kvstrata {
 namespace {
 
+using ::kvstrata::test_util::Channel;
+using ::kvstrata::test_util::Child;
 using ::kvstrata::test_util::FreePort;
 using ::kvstrata::test_util::HttpGet;
+using ::kvstrata::test_util::WaitServing;
 
 constexpr int kPage = 64;
-
-// A child process with its output in a log file.
-class Child {
- public:
-  Child(std::string name, const std::string& binary, std::vector<std::string> args)
-      : name_(std::move(name)),
-        log_(absl::StrCat(::testing::TempDir(), "e2e_", getpid(), "_", name_, ".log")) {
-    args.insert(args.begin(), binary);
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-      }
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);  // two workers share this machine's cores
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-  }
-  ~Child() { Stop(SIGTERM); }
-
-  bool Running() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-
-  // Signals the process and waits up to 20 s for it to exit, then kills it.
-  void Stop(int signal) {
-    if (pid_ <= 0) return;
-    kill(pid_, signal);
-    const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    int status = 0;
-    while (waitpid(pid_, &status, WNOHANG) == 0) {
-      if (absl::Now() > give_up) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    pid_ = -1;
-  }
-
-  std::string LogTail(size_t bytes = 3000) const {
-    std::ifstream in(log_);
-    std::stringstream s;
-    s << in.rdbuf();
-    const std::string all = s.str();
-    return all.size() > bytes ? all.substr(all.size() - bytes) : all;
-  }
-  const std::string& name() const { return name_; }
-
- private:
-  std::string name_;
-  std::string log_;
-  pid_t pid_ = -1;
-};
-
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-
-bool WaitServing(const std::string& address, const std::string& service, Child& child,
-                 absl::Duration timeout) {
-  auto health = grpc::health::v1::Health::NewStub(Channel(address));
-  const absl::Time give_up = absl::Now() + timeout;
-  while (absl::Now() < give_up && child.Running()) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
-    context.set_wait_for_ready(true);
-    grpc::health::v1::HealthCheckRequest request;
-    request.set_service(service);
-    grpc::health::v1::HealthCheckResponse response;
-    if (health->Check(&context, request, &response).ok() &&
-        response.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-      return true;
-    }
-  }
-  return false;
-}
 
 struct ClusterOptions {
   std::string policy = "prefix-affinity";
