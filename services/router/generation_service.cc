@@ -285,8 +285,13 @@ RouterService::Attempt RouterService::RelayFrom(const RouteDecision& decision,
   bool relayed = false, client_gone = false, finished = false;
   uint32_t relayed_tokens = 0;
   absl::Time last_token = absl::InfinitePast();
+  absl::Time touched = absl::InfinitePast();
   while (reader->Read(&message)) {
     const absl::Time now = absl::Now();
+    if (now - touched > absl::Milliseconds(100)) {  // the worker is alive: as good as a heartbeat
+      r.workers_.Touch(decision.worker_id);
+      touched = now;
+    }
     if (message.token_ids_size() > 0) {
       if (last_token == absl::InfinitePast()) {
         m.ttft.Get().Observe(absl::ToDoubleSeconds(now - start));

@@ -61,6 +61,12 @@ absl::Status WorkerTable::Heartbeat(absl::string_view id, const WorkerLoad& load
   return absl::OkStatus();
 }
 
+void WorkerTable::Touch(absl::string_view id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(id);
+  if (it != workers_.end()) it->second.last_heartbeat = std::max(it->second.last_heartbeat, clock_->Now());
+}
+
 bool WorkerTable::Remove(absl::string_view id) {
   std::lock_guard<std::mutex> lock(mu_);
   return workers_.erase(id) > 0;

@@ -74,6 +74,11 @@ class WorkerTable {
   // already dropped: it must register again).
   absl::Status Heartbeat(absl::string_view id, const WorkerLoad& load);
 
+  // A sign of life other than a heartbeat (the worker just streamed a message to the router):
+  // counts as a heartbeat for expiry, load unchanged. A worker busy serving stays in the pool
+  // even when its heartbeats are late. No effect on an unknown worker.
+  void Touch(absl::string_view id);
+
   // Removes a worker (deregistration or a failed health check). False if it was unknown.
   bool Remove(absl::string_view id);
 

@@ -245,7 +245,7 @@ class StressCluster {
                                  absl::StrCat("--metrics_listen=127.0.0.1:", router_metrics_),
                                  absl::StrCat("--model=", model),
                                  absl::StrCat("--kvstore=", kvstore_address_),
-                                 "--heartbeat_interval_ms=200", "--log_requests=false",
+                                 "--heartbeat_interval_ms=1000", "--log_requests=false",
                                  "--shutdown_grace_ms=500"});
     for (const char* id : {"decode-a", "decode-b"}) {
       Worker w;

@@ -92,6 +92,23 @@ TEST(WorkerTableTest, DropsWorkersSilentForMoreThanMaxMissedIntervals) {
   EXPECT_THAT(Ids(table.Snapshot()), ElementsAre("b", "s"));
 }
 
+TEST(WorkerTableTest, TrafficFromAWorkerCountsAsAHeartbeatButKeepsItsLoad) {
+  FakeClock clock;
+  WorkerTable table({/*heartbeat_interval=*/absl::Seconds(1), /*max_missed_heartbeats=*/3}, &clock);
+  ASSERT_TRUE(table.Register("busy", "busy:1", {4, 2, 10, 10}).ok());
+  ASSERT_TRUE(table.Register("idle", "idle:1", {}).ok());
+  clock.Advance(absl::Seconds(2));
+  table.Touch("busy");     // it streamed a message: alive, though its heartbeat is late
+  table.Touch("unknown");  // no effect
+  clock.Advance(absl::Seconds(2));
+  EXPECT_THAT(table.ExpireStale(), ElementsAre("idle"));
+  const std::vector<WorkerInfo> live = table.Snapshot();
+  ASSERT_THAT(Ids(live), ElementsAre("busy"));
+  EXPECT_EQ(live[0].load.requests(), 6);
+  clock.Advance(absl::Seconds(2));  // silent 4 s since the touch
+  EXPECT_THAT(table.ExpireStale(), ElementsAre("busy"));
+}
+
 TEST(WorkerTableTest, RejectsBadRegistrations) {
   FakeClock clock;
   WorkerTable table({}, &clock);
