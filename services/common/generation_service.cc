@@ -21,6 +21,7 @@ grpc::Status GenerationService::GenerateFromBytes(
     grpc::ServerSplitStreamer<grpc::ByteBuffer, v1::GenerateResponse>* stream) {
   grpc::ByteBuffer bytes;
   if (!stream->Read(&bytes)) {
+    if (context->IsCancelled()) return grpc::Status::CANCELLED;  // the client left first
     return RejectUnparseable(context,
                              absl::InvalidArgumentError("no GenerateRequest message was sent"));
   }

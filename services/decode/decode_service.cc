@@ -622,6 +622,7 @@ void DecodeService::QueuePublish(PublishJob job) {
 std::vector<LocalPage> DecodeService::LocalPrefix(const std::string& request_id,
                                                   const std::vector<PageKey>& keys,
                                                   absl::Time deadline,
+                                                  const std::function<bool()>& cancelled,
                                                   std::shared_ptr<Prefilling>* registered) {
   registered->reset();
   if (local_pages_ == nullptr || keys.empty()) return {};
@@ -659,9 +660,12 @@ std::vector<LocalPage> DecodeService::LocalPrefix(const std::string& request_id,
               "worker is computing\n",
               request_id.c_str(), best_common - run.size());
     }
-    prefill_cv_.wait_until(lock, absl::ToChronoTime(give_up), [&] {
-      return std::find(prefilling_.begin(), prefilling_.end(), best) == prefilling_.end();
-    });
+    // In slices, so a client that goes away stops waiting (and computes nothing).
+    const bool shared = prefill_cv_.wait_until(
+        lock, absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Milliseconds(20))), [&] {
+          return std::find(prefilling_.begin(), prefilling_.end(), best) == prefilling_.end();
+        });
+    if (!shared && cancelled()) return {};
   }
 }
 
@@ -871,13 +875,14 @@ std::vector<PageKey> DecodeService::PromptPageKeys(const Call& call) const {
   return keys;
 }
 
-void DecodeService::TakeCachedPrefix(Call& call) {
+void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& cancelled) {
   // The leading run held locally (after waiting for a request on this worker that is computing
   // more of it), then the kvstore for the pages right after it. A page held only as BF16 (it was
   // in a recent window) that is history at the imported length is demoted by the engine on
   // import, exactly as the sequence would have done.
   std::vector<std::string>& pages = call.engine_request.cached_pages;
-  for (LocalPage& page : LocalPrefix(call.request_id, call.keys, call.deadline, &call.prefilling)) {
+  for (LocalPage& page : LocalPrefix(call.request_id, call.keys, call.deadline, cancelled,
+                                     &call.prefilling)) {
     pages.push_back(std::move(page.bytes));
   }
   call.local_pages = static_cast<int>(pages.size());
@@ -987,7 +992,9 @@ grpc::Status DecodeService::ServeGenerate(grpc::ServerContext* context,
   if (!ns.ok()) return reject(ns.status());
   call.namespace_key = call.engine_request.namespace_key = *ns;
   call.keys = PromptPageKeys(call);
-  TakeCachedPrefix(call);
+  TakeCachedPrefix(call, [context] { return context->IsCancelled(); });
+  // A client that left while the prefix was gathered gets nothing computed.
+  if (context->IsCancelled()) return reject(absl::CancelledError("the client went away"));
   if (absl::Status s = SubmitAndWait(call); !s.ok()) return reject(s);
   return Stream(context, call, writer);
 }

@@ -120,8 +120,9 @@ class DecodeService final : public GenerationService {
   absl::StatusOr<PageKey> NamespaceKey(const std::string& cache_salt);
   // The router's page keys, or the prompt's hashed here.
   std::vector<PageKey> PromptPageKeys(const Call& call) const;
-  // The cached prefix: the local tier's leading run, then the kvstore's pages after it.
-  void TakeCachedPrefix(Call& call);
+  // The cached prefix: the local tier's leading run, then the kvstore's pages after it. Stops
+  // waiting for another request's pages once `cancelled` says the client went away.
+  void TakeCachedPrefix(Call& call, const std::function<bool()>& cancelled);
   absl::Status SubmitAndWait(Call& call);
   // Relays the engine's events until the sequence ends (or the deadline margin is reached).
   grpc::Status Stream(grpc::ServerContext* context, Call& call, GenerateWriter* writer);
@@ -173,6 +174,7 @@ class DecodeService final : public GenerationService {
   // this request in prefilling_ (returned; null when it computes nothing others could wait for).
   std::vector<LocalPage> LocalPrefix(const std::string& request_id,
                                      const std::vector<PageKey>& keys, absl::Time deadline,
+                                     const std::function<bool()>& cancelled,
                                      std::shared_ptr<Prefilling>* registered);
   // Removes a request from prefilling_ (it shared its pages, or ended) and wakes the waiters.
   void EndPrefilling(const std::shared_ptr<Prefilling>& p);

@@ -149,6 +149,17 @@ v1::GenerateRequest Chat(const std::string& system, const std::string& user, int
   return r;
 }
 
+// Polls `done` for up to 5 s.
+template <typename Done>
+bool WaitFor(Done done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (!done()) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
 // About 300 words of the GPL (well over two 64-token pages).
 std::string LongSystemPrompt() {
   std::ifstream in("/usr/share/common-licenses/GPL-3");
@@ -477,16 +488,37 @@ TEST(DecodeServiceTest, ConcurrentRequestWaitsForTheSamePrefixInsteadOfComputing
       Chat(LongSystemPrompt(), "In one sentence, what is this license about?", 8);
   Result a;
   std::thread first([&] { a = Call(*d->stub, request); });
-  // Let the first request register its prefill before the second arrives.
+  // Let the first request register its prefill before the others arrive.
   absl::SleepFor(absl::Milliseconds(200));
+  // A third waits too, and its client gives up while it waits: it must stop waiting and compute
+  // nothing (a client that left earlier used to keep its place in line and run later).
+  grpc::Status gave_up;
+  std::thread third([&] {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(150));
+    auto reader = d->stub->Generate(&c, request);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    gave_up = reader->Finish();
+  });
   const Result b = Call(*d->stub, request);
   first.join();
+  third.join();
+  EXPECT_EQ(gave_up.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Two requests ran; the third ended while it waited, before reaching the engine.
+  EXPECT_TRUE(WaitFor([&] {
+    return d->registry.Render().find(
+               "kvstrata_decode_rejected_requests_total{code=\"CANCELLED\"} 1") !=
+           std::string::npos;
+  })) << d->registry.Render();
+  EXPECT_EQ(d->service->ActiveSequences(), 0);
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   EXPECT_EQ(a.usage.cached_local_tokens(), 0u);
   EXPECT_GT(b.usage.cached_local_tokens(), 2u * 64);
   EXPECT_EQ(b.tokens, a.tokens);
-  EXPECT_NE(d->registry.Render().find("kvstrata_decode_prefix_waits_total 1"), std::string::npos);
+  EXPECT_NE(d->registry.Render().find("kvstrata_decode_prefix_waits_total 2"), std::string::npos);
 }
 
 // Token ids that are not a text: the test controls every page boundary.
