@@ -18,6 +18,9 @@ TEST(Fp16, EveryEncodingRoundTrips) {
 }
 
 TEST(Fp16, MatchesCompilerConversion) {
+#if !defined(__FLT16_MAX__)
+  GTEST_SKIP() << "this compiler has no _Float16 on this target (the GCC build runs this test)";
+#else
   // GCC's _Float16 conversion (round to nearest even) is an independent implementation.
   std::mt19937 rng(7);
   std::uniform_int_distribution<uint32_t> bits;
@@ -35,6 +38,7 @@ TEST(Fp16, MatchesCompilerConversion) {
     ++checked;
   }
   EXPECT_EQ(checked, 2000000);
+#endif
 }
 
 TEST(Fp16, SaturatesInsteadOfInfinity) {

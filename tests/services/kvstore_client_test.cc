@@ -145,10 +145,11 @@ TEST_F(KvStoreClientTest, EnginePagesRoundTripThroughTheStoreIntoAFreshSequence)
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->pages_already_present, 8u);
 
-  // The prompt's chain: 8 stored keys, then one the store has never seen.
+  // The prompt's chain: 8 stored keys, then one the store has never seen (the scratch run has
+  // only these 8 full pages too: 532 + 10 tokens).
   std::vector<PageKey> keys;
   for (const ExportedPage& e : donor.pages) keys.push_back(e.key);
-  keys.push_back(scratch.pages[8].key);
+  keys.push_back(ChainPageKey(keys.back(), std::vector<uint32_t>(64, 7)));
   absl::StatusOr<LookupReply> lookup = client.Lookup(keys, /*lease_ttl_ms=*/5000);
   ASSERT_TRUE(lookup.ok()) << lookup.status();
   EXPECT_EQ(lookup->matched_pages, 8u);
