@@ -49,6 +49,23 @@ class Walker {
     return path.empty() ? std::string(name) : absl::StrCat(path, ".", name);
   }
 
+  // A tag as the parser reads one: a varint of at most 5 bytes that fits in 32 bits (the stream's
+  // own ReadTag accepts longer ones and drops the high bits). 0 when it is not; `in` is advanced
+  // past a valid tag.
+  static uint32_t ReadTag(const uint8_t* p, int available, CodedInputStream& in) {
+    uint32_t tag = 0;
+    for (int i = 0; i < 5 && i < available; ++i) {
+      const uint32_t byte = p[i];
+      if (i == 4 && byte >= 0x10) return 0;
+      tag |= (byte & 0x7f) << (7 * i);
+      if ((byte & 0x80) == 0) {
+        in.Skip(i + 1);
+        return tag;
+      }
+    }
+    return 0;
+  }
+
   static bool IsLengthDelimited(const FieldDescriptor& f) {
     return f.type() == FieldDescriptor::TYPE_STRING || f.type() == FieldDescriptor::TYPE_BYTES ||
            f.type() == FieldDescriptor::TYPE_MESSAGE;
@@ -85,7 +102,7 @@ class Walker {
     std::map<int, int> occurrences;  // of each repeated field so far, for "[i]" in paths
     while (in.CurrentPosition() < size) {
       const int at = base + in.CurrentPosition();
-      const uint32_t tag = in.ReadTag();
+      const uint32_t tag = ReadTag(data + in.CurrentPosition(), size - in.CurrentPosition(), in);
       if (tag == 0) return Fail(at, path, "invalid field tag");
       const int number = static_cast<int>(WireFormatLite::GetTagFieldNumber(tag));
       if (number == 0) return Fail(at, path, "field number 0");

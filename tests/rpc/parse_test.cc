@@ -76,6 +76,9 @@ TEST(ParseRequestTest, BrokenWireFormatSaysWhereItBreaks) {
   EXPECT_THAT(Describe(std::string("\x0f", 1)), HasSubstr("invalid wire type 7"));
   EXPECT_THAT(Describe(std::string("\x0c", 1)), HasSubstr("end-group tag"));
   EXPECT_THAT(Describe(std::string("\x00", 1)), HasSubstr("invalid field tag"));
+  // A tag longer than 5 bytes (the stream's ReadTag would take it, dropping the high bits).
+  EXPECT_THAT(Describe(std::string("\x10\x10\xf0\xe7\xef\xef\xf0\x10", 8)),
+              HasSubstr("byte 2: invalid field tag"));
   // token_ids (4) { ids (1), packed: a truncated varint }
   EXPECT_THAT(Describe(std::string("\x22\x03\x0a\x01\xff", 5)), HasSubstr("token_ids.ids"));
 }

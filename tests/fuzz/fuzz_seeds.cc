@@ -1,0 +1,210 @@
+// Writes the fuzz targets' seed corpora into OUT/<target>/: real files in every format a target
+// parses, made by the project's own writers (tiny GGUF and Hugging Face models, rotation files,
+// pages in each encoding), real requests, the default model's chat template and tokenizer inputs
+// from real English text. scripts/fuzz.sh runs it before the targets.
+//
+//   fuzz_seeds OUT
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/page_format.h"
+#include "engine/rotations.h"
+#include "kvstrata/v1/generate.pb.h"
+#include "model/loader.h"
+#include "model/tiny_model.h"
+
+namespace kvstrata {
+namespace {
+
+namespace fs = std::filesystem;
+
+void Write(const fs::path& path, const std::string& bytes) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string Read(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int Fail(const absl::Status& s, const char* what) {
+  fprintf(stderr, "fuzz_seeds: %s: %s\n", what, s.ToString().c_str());
+  return 1;
+}
+
+int Run(const fs::path& out) {
+  // Models in both file formats, for the three architectures.
+  const struct {
+    const char* name;
+    model::Architecture arch;
+    model::GgmlType type;
+  } kModels[] = {{"llama-f32", model::Architecture::kLlama, model::GgmlType::kF32},
+                 {"llama-q4_1", model::Architecture::kLlama, model::GgmlType::kQ4_1},
+                 {"qwen2-q8_0", model::Architecture::kQwen2, model::GgmlType::kQ8_0},
+                 {"qwen3-f16", model::Architecture::kQwen3, model::GgmlType::kF16}};
+  const fs::path scratch = out / "scratch";
+  for (const auto& m : kModels) {
+    model::TinyModelOptions o{.arch = m.arch, .num_layers = 1, .intermediate_size = 64,
+                              .gguf_matrix_type = m.type};
+    const fs::path gguf = out / "gguf" / absl::StrCat(m.name, ".gguf");
+    fs::create_directories(gguf.parent_path());
+    if (absl::Status s = model::WriteTinyGguf(gguf.string(), o); !s.ok()) return Fail(s, m.name);
+    const fs::path hf = scratch / m.name;
+    if (absl::Status s = model::WriteTinyHfModel(hf.string(), o); !s.ok()) return Fail(s, m.name);
+    Write(out / "safetensors" / absl::StrCat(m.name, ".safetensors"),
+          Read(hf / "model.safetensors"));
+    Write(out / "hf_config" / absl::StrCat(m.name, ".json"), Read(hf / "config.json"));
+  }
+
+  // Rotation files: identity and random orthogonal (2 layers, 2 KV heads, head_dim 64).
+  {
+    engine::RotationSet r = engine::IdentityRotations(2, 2, 64);
+    // Written out as matrices, not as the "identity" shortcut.
+    r.identity = false;
+    r.k_rotation.assign(size_t{2} * 2 * 64 * 64, 0.0f);
+    for (int block = 0; block < 4; ++block) {
+      for (int i = 0; i < 64; ++i) r.k_rotation[block * 64 * 64 + i * 64 + i] = 1.0f;
+    }
+    r.v_rotation = r.k_rotation;
+    r.k_clip.assign(4, 1.0f);
+    r.v_clip.assign(4, 1.0f);
+    engine::RotationFileInfo info{.model_fingerprint = std::string(64, 'a'),
+                                  .model_name = "tiny",
+                                  .key_objective = "qqt",
+                                  .value_objective = "sst",
+                                  .grouping = "head",
+                                  .levels = "uniform",
+                                  .group_size = 64};
+    const fs::path dir = out / "rotation_file";
+    fs::create_directories(dir);
+    if (absl::Status s = engine::WriteRotationFile((dir / "identity.safetensors").string(), r, info);
+        !s.ok()) {
+      return Fail(s, "rotation file");
+    }
+    // A signed permutation is orthogonal too, and exercises every row.
+    std::mt19937 rng(3);
+    for (float* m : {r.k_rotation.data(), r.v_rotation.data()}) {
+      for (int block = 0; block < 4; ++block) {
+        float* b = m + block * 64 * 64;
+        std::vector<int> perm(64);
+        for (int i = 0; i < 64; ++i) perm[i] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int i = 0; i < 64 * 64; ++i) b[i] = 0;
+        for (int i = 0; i < 64; ++i) b[i * 64 + perm[i]] = (rng() & 1) ? 1.0f : -1.0f;
+      }
+    }
+    for (float& c : r.k_clip) c = 0.9f;
+    if (absl::Status s =
+            engine::WriteRotationFile((dir / "permutation.safetensors").string(), r, info);
+        !s.ok()) {
+      return Fail(s, "rotation file");
+    }
+  }
+
+  // Pages of each encoding and two shapes.
+  {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    int n = 0;
+    for (const KvGeometry& g : {KvGeometry{.num_layers = 1, .num_kv_heads = 1, .head_dim = 64,
+                                           .group_size = 64, .page_tokens = 64},
+                                KvGeometry{.num_layers = 1, .num_kv_heads = 2, .head_dim = 128,
+                                           .group_size = 32, .page_tokens = 64}}) {
+      for (PageEncoding e :
+           {PageEncoding::kBf16, PageEncoding::kInt2Uniform, PageEncoding::kInt2LloydMax}) {
+        std::vector<float> kv(static_cast<size_t>(g.num_layers) * 2 * g.num_kv_heads *
+                              g.page_tokens * g.head_dim);
+        for (float& v : kv) v = normal(rng);
+        PageSpec spec{.geometry = g, .encoding = e, .page_index = 3};
+        absl::StatusOr<std::vector<uint8_t>> page = EncodePage(spec, kv);
+        if (!page.ok()) return Fail(page.status(), "page");
+        Write(out / "page" / absl::StrCat("page-", n++, "-", PageEncodingName(e)),
+              std::string(page->begin(), page->end()));
+      }
+    }
+  }
+
+  // Generate requests of every input kind and most fields.
+  {
+    std::vector<v1::GenerateRequest> requests(5);
+    requests[0].set_text("What is the capital of France?");
+    requests[1].set_request_id("req-7");
+    for (uint32_t id : {1u, 502u, 30u, 9000u}) requests[1].mutable_token_ids()->add_ids(id);
+    v1::ChatInput* chat = requests[2].mutable_chat();
+    chat->set_apply_chat_template(true);
+    chat->set_add_generation_prompt(true);
+    chat->add_messages()->set_role("system");
+    chat->mutable_messages(0)->set_content("You are terse.");
+    chat->add_messages()->set_role("user");
+    chat->mutable_messages(1)->set_content("Name a colour.");
+    requests[3] = requests[2];
+    requests[3].mutable_chat()->set_apply_chat_template(false);
+    requests[3].mutable_sampling()->set_temperature(0.7f);
+    requests[3].mutable_sampling()->set_top_p(0.9f);
+    requests[3].mutable_sampling()->set_seed(11);
+    requests[3].mutable_stop()->add_stop_strings("\n\n");
+    requests[3].mutable_stop()->set_max_tokens(16);
+    requests[3].mutable_logprobs()->set_top_n(3);
+    requests[3].set_cache_salt("tenant-a");
+    requests[4].set_text("Once upon a time");
+    requests[4].mutable_routing()->add_prefix_page_keys(std::string(16, '\x11'));
+    requests[4].mutable_routing()->set_router_id("router-0");
+    requests[4].mutable_cache_hints()->set_session_id("s-1");
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Write(out / "generate_request" / absl::StrCat("request-", i), requests[i].SerializeAsString());
+    }
+  }
+
+  // Chat templates: the default model's (when KVSTRATA_MODEL names it) and the tiny model's.
+  {
+    std::vector<std::string> templates;
+    if (const char* path = std::getenv("KVSTRATA_MODEL"); path != nullptr && *path != '\0') {
+      absl::StatusOr<tokenizer::TokenizerSpec> spec = model::LoadTokenizerSpec(path);
+      if (spec.ok() && !spec->chat_template.empty()) templates.push_back(spec->chat_template);
+    }
+    absl::StatusOr<model::LoadedModel> tiny = model::MakeTinyModel({});
+    if (tiny.ok()) templates.push_back(tiny->tokenizer.chat_template);
+    for (size_t i = 0; i < templates.size(); ++i) {
+      const std::string conversation =
+          templates[i] + std::string("\0You are terse.\0Hi\0Hello!\0Bye", 30);
+      Write(out / "chat_template" / absl::StrCat("template-", i), conversation);
+    }
+  }
+
+  // Tokenizer inputs: real English text, and text with special tokens in it.
+  {
+    int n = 0;
+    for (const char* file : {"/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0",
+                             "/usr/share/common-licenses/MPL-2.0"}) {
+      const std::string text = Read(file);
+      for (size_t at = 0; at < text.size() && n < 12; at += 3000) {
+        Write(out / "tokenizer" / absl::StrCat("text-", n++), text.substr(at, 1200));
+      }
+    }
+    Write(out / "tokenizer" / "special", "<|im_start|>user\nHi 123 ümlaut 日本<|im_end|>\n");
+  }
+  fs::remove_all(scratch);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvstrata
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: fuzz_seeds OUT\n");
+    return 2;
+  }
+  return kvstrata::Run(argv[1]);
+}
