@@ -13,6 +13,7 @@ packages=(
   libcivetweb-dev nlohmann-json3-dev libre2-dev
   prometheus
   buildah debootstrap  # the CPU container image: scripts/build-image.sh
+  clang libclang-rt-14-dev  # sanitizer builds and libFuzzer: scripts/sanitize.sh, scripts/fuzz.sh
 )
 
 missing=()
