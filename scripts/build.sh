@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
-# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) hits the cache
-export CCACHE_BASEDIR=$PWD
+# ccache keys on paths relative to the checkout, and not on the working directory (which
+# RelWithDebInfo's -g would otherwise add), so a fresh clone elsewhere (CI) hits the cache
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 cuda_flag=()
 [[ -n ${KVSTRATA_CUDA:-} ]] && cuda_flag=(-DKVSTRATA_CUDA="$KVSTRATA_CUDA")
 # nvcc lives outside PATH on a fresh machine

@@ -16,7 +16,7 @@ work=${FUZZ_WORK_DIR:-${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/fuzz}
 targets=("$@")
 ((${#targets[@]})) || targets=(page generate_request gguf safetensors hf_config rotation_file
                               chat_template tokenizer)
-export CCACHE_BASEDIR=$PWD
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 if [[ ! -f $build_dir/build.ninja ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DKVSTRATA_CUDA=OFF -DKVSTRATA_SANITIZE=address,undefined -DKVSTRATA_FUZZ=ON >/dev/null

@@ -10,6 +10,7 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +94,8 @@ class Child {
     args.insert(args.begin(), binary_);
     pid_ = fork();
     if (pid_ == 0) {
+      // Dies with the test, even one that aborts (a sanitizer halting it) without stopping it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
       if (fd >= 0) {
         dup2(fd, STDOUT_FILENO);
