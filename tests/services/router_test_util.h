@@ -82,7 +82,10 @@ class ScriptedWorker final : public v1::Generation::Service {
       m.set_worker_id(id_);
       m.add_token_ids(7);
       m.set_text("hi");
-      if (!writer->Write(m)) return grpc::Status::CANCELLED;
+      if (!writer->Write(m)) {  // the stream is gone: the router or the client ended it
+        cancelled_ = true;
+        return grpc::Status::CANCELLED;
+      }
     }
     if (script_.fail_after_output) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "Socket closed");
