@@ -38,6 +38,8 @@ for kind in "${kinds[@]}"; do
       cmake --build build-asan -j"$jobs"
       export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+      # Smaller waves than the regular run: every process is several times slower here.
+      export KVSTRATA_STRESS_STREAMS=${KVSTRATA_STRESS_STREAMS:-400}
       ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "unit|model|stress" \
         -E "prometheus_e2e|container_image|k8s_manifests|monitoring_"
       ;;
