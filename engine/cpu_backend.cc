@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
   }
 
   int vocab_size() const override { return cfg_.vocab_size; }
+  std::string Describe() const override { return "cpu (fp32 weights, OpenBLAS)"; }
 
   absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
                        ForwardObserver* observer) override;
@@ -267,7 +268,9 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
   logits->resize(out_rows.size() * static_cast<size_t>(cfg_.vocab_size));
   Linear(final_rows.data(), static_cast<int>(out_rows.size()), H, model_.weights.lm_head,
          cfg_.vocab_size, nullptr, logits->data());
-  for (const ForwardItem& it : batch) cache_->EndAppend(*it.seq, it.pos0 + it.n);
+  for (const ForwardItem& it : batch) {
+    KV_RETURN_IF_ERROR(cache_->EndAppend(*it.seq, it.pos0 + it.n));
+  }
   return absl::OkStatus();
 }
 

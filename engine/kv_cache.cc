@@ -197,13 +197,33 @@ std::unique_ptr<PageMemory> AllocateHostPageMemory(int64_t bytes) {
   return std::make_unique<HostPageMemory>(bytes);
 }
 
-PagePool::PagePool(std::unique_ptr<PageMemory> memory, int64_t slot_bytes)
+absl::Status PageMemory::Write(int64_t offset, const void* src, int64_t n) {
+  std::memcpy(data() + offset, src, static_cast<size_t>(n));
+  return absl::OkStatus();
+}
+
+absl::Status PageMemory::Read(int64_t offset, void* dst, int64_t n) const {
+  std::memcpy(dst, const_cast<PageMemory*>(this)->data() + offset, static_cast<size_t>(n));
+  return absl::OkStatus();
+}
+
+PagePool::PagePool(std::shared_ptr<PageMemory> memory, int64_t offset, int64_t bytes,
+                   int64_t slot_bytes)
     : memory_(std::move(memory)),
-      base_(memory_->data()),
+      offset_(offset),
+      base_(memory_->data() + offset),
       slot_bytes_(slot_bytes),
-      num_slots_(memory_->size() / slot_bytes) {
+      num_slots_(bytes / slot_bytes) {
   free_.reserve(num_slots_);
   for (int64_t s = num_slots_ - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
+}
+
+absl::Status PagePool::Write(int32_t s, int64_t offset, const void* src, int64_t n) {
+  return memory_->Write(offset_ + int64_t{s} * slot_bytes_ + offset, src, n);
+}
+
+absl::Status PagePool::Read(int32_t s, int64_t offset, void* dst, int64_t n) const {
+  return memory_->Read(offset_ + int64_t{s} * slot_bytes_ + offset, dst, n);
 }
 
 std::optional<int32_t> PagePool::Allocate() {
@@ -262,12 +282,25 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
     return absl::InvalidArgumentError(absl::StrCat("KV cache capacity ", o.capacity_bytes,
                                                    " bytes is below one page (", bf16_bytes, ")"));
   }
-  cache->bf16_pool_ = std::make_unique<PagePool>(AllocateHostPageMemory(bf16_budget), bf16_bytes);
+  // One arena: the BF16 pool, then (split formats) the history pool from a 256-byte boundary.
+  const int64_t int2_bytes =
+      kernels::kPageHeaderBytes + kernels::NumBlocks(g) * HistoryBlockBytes(o.format, g);
+  const int64_t bf16_pool_bytes = bf16_budget / bf16_bytes * bf16_bytes;
+  const int64_t int2_offset = (bf16_pool_bytes + 255) / 256 * 256;
+  const int64_t rest =
+      cache->split() ? std::max<int64_t>(int2_bytes, o.capacity_bytes - bf16_budget) : 0;
+  const int64_t arena_bytes = cache->split() ? int2_offset + rest : bf16_pool_bytes;
+  std::shared_ptr<PageMemory> arena;
+  if (o.allocate_page_memory) {
+    absl::StatusOr<std::unique_ptr<PageMemory>> m = o.allocate_page_memory(arena_bytes);
+    if (!m.ok()) return m.status();
+    arena = *std::move(m);
+  } else {
+    arena = AllocateHostPageMemory(arena_bytes);
+  }
+  cache->bf16_pool_ = std::make_unique<PagePool>(arena, 0, bf16_pool_bytes, bf16_bytes);
   if (cache->split()) {
-    const int64_t int2_bytes =
-        kernels::kPageHeaderBytes + kernels::NumBlocks(g) * HistoryBlockBytes(o.format, g);
-    const int64_t rest = std::max<int64_t>(int2_bytes, o.capacity_bytes - bf16_budget);
-    cache->int2_pool_ = std::make_unique<PagePool>(AllocateHostPageMemory(rest), int2_bytes);
+    cache->int2_pool_ = std::make_unique<PagePool>(arena, int2_offset, rest, int2_bytes);
   }
   return cache;
 }
@@ -350,8 +383,8 @@ void KvCache::Release(SequenceKv& seq) {
   seq.num_tokens = 0;
 }
 
-void KvCache::WriteHeader(const SequenceKv& seq, int64_t page, kernels::PageEncoding encoding,
-                          uint8_t* slot) const {
+kernels::PageHeader KvCache::Header(const SequenceKv& seq, int64_t page,
+                                    kernels::PageEncoding encoding) const {
   kernels::PageHeader h{};
   h.magic = kernels::kPageMagic;
   h.version = kernels::kPageFormatVersion;
@@ -368,7 +401,19 @@ void KvCache::WriteHeader(const SequenceKv& seq, int64_t page, kernels::PageEnco
     const PageKey& parent = page == 0 ? seq.namespace_key : seq.page_keys[page - 1];
     std::memcpy(h.parent_key, parent.bytes.data(), kPageKeyBytes);
   }
-  std::memcpy(slot, &h, sizeof(h));
+  if (IsEvaluationFormat(options_.format) && encoding != kernels::PageEncoding::kBf16) {
+    // Not a page format encoding: such pages fail ParsePage and cannot leave the engine.
+    h.encoding = 0;
+    h.body_bytes = static_cast<uint64_t>(int2_pool_->slot_bytes() - kernels::kPageHeaderBytes);
+  }
+  return h;
+}
+
+absl::Status KvCache::WriteHeader(const SequenceKv& seq, int64_t page,
+                                  kernels::PageEncoding encoding, PagePool& pool,
+                                  int32_t slot) const {
+  const kernels::PageHeader h = Header(seq, page, encoding);
+  return pool.Write(slot, 0, &h, sizeof(h));
 }
 
 absl::Status KvCache::BeginAppend(SequenceKv& seq, int64_t new_total) {
@@ -384,7 +429,7 @@ absl::Status KvCache::BeginAppend(SequenceKv& seq, int64_t new_total) {
     std::optional<int32_t> s = bf16_pool_->Allocate();
     if (!s) return absl::ResourceExhaustedError("BF16 page pool exhausted (reservation broken)");
     seq.bf16_slot[p] = *s;
-    WriteHeader(seq, p, kernels::PageEncoding::kBf16, bf16_pool_->slot(*s));
+    KV_RETURN_IF_ERROR(WriteHeader(seq, p, kernels::PageEncoding::kBf16, *bf16_pool_, *s));
   }
   // INT2 slots for the pages this append demotes; the forward pass encodes them per layer.
   const int64_t sink_pages = options_.layout.sink_tokens / P;
@@ -397,7 +442,7 @@ absl::Status KvCache::BeginAppend(SequenceKv& seq, int64_t new_total) {
   return absl::OkStatus();
 }
 
-void KvCache::EndAppend(SequenceKv& seq, int64_t new_total) {
+absl::Status KvCache::EndAppend(SequenceKv& seq, int64_t new_total) {
   const int64_t P = options_.layout.page_tokens;
   const int64_t old_pages_end = DemotedPagesEnd(seq.num_tokens);
   const int64_t sink_pages = options_.layout.sink_tokens / P;
@@ -407,24 +452,17 @@ void KvCache::EndAppend(SequenceKv& seq, int64_t new_total) {
     const PageKey& parent = p == 0 ? seq.namespace_key : seq.page_keys[p - 1];
     seq.page_keys.push_back(ChainPageKey(parent, ids));
     if (seq.bf16_slot[p] >= 0) {
-      WriteHeader(seq, p, kernels::PageEncoding::kBf16, bf16_pool_->slot(seq.bf16_slot[p]));
+      KV_RETURN_IF_ERROR(
+          WriteHeader(seq, p, kernels::PageEncoding::kBf16, *bf16_pool_, seq.bf16_slot[p]));
     }
   }
   for (int64_t p = std::max(sink_pages, old_pages_end); p < DemotedPagesEnd(new_total); ++p) {
-    uint8_t* slot = int2_pool_->slot(seq.int2_slot[p]);
-    WriteHeader(seq, p, int2_encoding(), slot);
-    if (IsEvaluationFormat(options_.format)) {
-      // Not a page format encoding: such pages fail ParsePage and cannot leave the engine.
-      kernels::PageHeader h;
-      std::memcpy(&h, slot, sizeof(h));
-      h.encoding = 0;
-      h.body_bytes = static_cast<uint64_t>(int2_pool_->slot_bytes() - kernels::kPageHeaderBytes);
-      std::memcpy(slot, &h, sizeof(h));
-    }
+    KV_RETURN_IF_ERROR(WriteHeader(seq, p, int2_encoding(), *int2_pool_, seq.int2_slot[p]));
     bf16_pool_->Free(seq.bf16_slot[p]);
     seq.bf16_slot[p] = -1;
   }
   seq.num_tokens = new_total;
+  return absl::OkStatus();
 }
 
 uint8_t* KvCache::Bf16Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
@@ -471,20 +509,21 @@ absl::StatusOr<std::vector<ExportedPage>> KvCache::ExportPages(const SequenceKv&
     ExportedPage e;
     e.page_index = p;
     e.key = seq.page_keys[p];
-    const uint8_t* slot = nullptr;
-    int64_t bytes = 0;
+    const PagePool* pool = nullptr;
+    int32_t slot = -1;
     if (p < static_cast<int64_t>(seq.int2_slot.size()) && seq.int2_slot[p] >= 0) {
       e.encoding = int2_encoding();
-      slot = int2_pool_->slot(seq.int2_slot[p]);
-      bytes = int2_pool_->slot_bytes();
+      pool = int2_pool_.get();
+      slot = seq.int2_slot[p];
     } else if (p < static_cast<int64_t>(seq.bf16_slot.size()) && seq.bf16_slot[p] >= 0) {
       e.encoding = kernels::PageEncoding::kBf16;
-      slot = bf16_pool_->slot(seq.bf16_slot[p]);
-      bytes = bf16_pool_->slot_bytes();
+      pool = bf16_pool_.get();
+      slot = seq.bf16_slot[p];
     } else {
       return absl::InternalError(absl::StrCat("page ", p, " of a sequence holds no slot"));
     }
-    e.bytes.assign(reinterpret_cast<const char*>(slot), static_cast<size_t>(bytes));
+    e.bytes.resize(static_cast<size_t>(pool->slot_bytes()));
+    KV_RETURN_IF_ERROR(pool->Read(slot, 0, e.bytes.data(), pool->slot_bytes()));
     out.push_back(std::move(e));
   }
   return out;
@@ -619,8 +658,11 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
       seq.int2_slot[p] = *s;
       if (int2 == nullptr) {
         // History here, but only its BF16 copy came (it was in the exporter's window): demote it
-        // as the backend does, from the BF16 values with the same clips.
-        WriteHeader(seq, p, int2_encoding(), int2_pool_->slot(*s));
+        // as the backend does, from the BF16 values with the same clips, into a host copy of
+        // the page that is then written to its slot.
+        std::string page(static_cast<size_t>(int2_pool_->slot_bytes()), '\0');
+        const kernels::PageHeader h = Header(seq, p, int2_encoding());
+        std::memcpy(page.data(), &h, sizeof(h));
         const auto* body = reinterpret_cast<const uint8_t*>(bf16->data());
         std::vector<float> rows(static_cast<size_t>(P) * geometry_.head_dim);
         for (int layer = 0; layer < geometry_.num_layers; ++layer) {
@@ -631,18 +673,24 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
                                               kind, h),
                   static_cast<int>(P), geometry_, rows.data());
               const size_t c = static_cast<size_t>(layer) * geometry_.num_kv_heads + h;
-              EncodeHistory(seq, p, layer, kind, h, rows.data(),
-                            kind == 0 ? options_.demotion_key_clip[c]
-                                      : options_.demotion_value_clip[c]);
+              const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + h;
+              EncodeHistoryBlock(options_.format, geometry_, rows.data(), layer, kind, h,
+                                 kind == 0 ? options_.demotion_key_clip[c]
+                                           : options_.demotion_value_clip[c],
+                                 reinterpret_cast<uint8_t*>(page.data()) +
+                                     kernels::kPageHeaderBytes +
+                                     b * HistoryBlockBytes(options_.format, geometry_));
             }
           }
         }
+        KV_RETURN_IF_ERROR(int2_pool_->Write(*s, 0, page.data(), int2_pool_->slot_bytes()));
         continue;
       }
       if (static_cast<int64_t>(int2->size()) != int2_pool_->slot_bytes()) {
         return absl::InternalError("INT2 page size differs from the pool's slot size");
       }
-      std::memcpy(int2_pool_->slot(*s), int2->data(), int2->size());
+      KV_RETURN_IF_ERROR(
+          int2_pool_->Write(*s, 0, int2->data(), static_cast<int64_t>(int2->size())));
       continue;
     }
     std::string converted;
@@ -670,7 +718,8 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
     std::optional<int32_t> s = bf16_pool_->Allocate();
     if (!s) return absl::ResourceExhaustedError("BF16 page pool exhausted (reservation broken)");
     seq.bf16_slot[p] = *s;
-    std::memcpy(bf16_pool_->slot(*s), bf16->data(), bf16->size());
+    KV_RETURN_IF_ERROR(
+        bf16_pool_->Write(*s, 0, bf16->data(), static_cast<int64_t>(bf16->size())));
   }
   seq.num_tokens = n * P;
   return dequantised;

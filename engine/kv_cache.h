@@ -9,6 +9,7 @@
 // from its BF16 values and the BF16 slot is freed. Thread-compatible: one engine thread uses it.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -67,6 +68,53 @@ double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g)
 double SequenceBitsPerElement(KvCacheFormat format, const kernels::SplitLayout& layout,
                               const kernels::KvGeometry& g, int64_t n);
 
+// Page memory behind a seam: host memory here, device memory for the CUDA backend
+// (engine/cuda/device_page_memory.h). Both pools of a cache are carved from one PageMemory.
+class PageMemory {
+ public:
+  virtual ~PageMemory() = default;
+  // The memory's address: a host pointer, or a device pointer when !host_accessible().
+  virtual uint8_t* data() = 0;
+  virtual int64_t size() const = 0;
+  // False for device memory: data() may not be dereferenced on the host; use Write and Read.
+  virtual bool host_accessible() const { return true; }
+  // Copies host bytes in, or out, at `offset` (offset + n <= size()). Synchronous.
+  virtual absl::Status Write(int64_t offset, const void* src, int64_t n);
+  virtual absl::Status Read(int64_t offset, void* dst, int64_t n) const;
+};
+std::unique_ptr<PageMemory> AllocateHostPageMemory(int64_t bytes);
+
+// Makes the cache's page memory (one arena for both pools); KvCacheOptions::allocate_page_memory.
+using PageMemoryAllocator =
+    std::function<absl::StatusOr<std::unique_ptr<PageMemory>>(int64_t bytes)>;
+
+// Fixed-size slots carved from [offset, offset + bytes) of a PageMemory.
+class PagePool {
+ public:
+  PagePool(std::shared_ptr<PageMemory> memory, int64_t offset, int64_t bytes, int64_t slot_bytes);
+  std::optional<int32_t> Allocate();
+  void Free(int32_t slot);
+  // The slot's address (a device address for device memory).
+  uint8_t* slot(int32_t s) { return base_ + int64_t{s} * slot_bytes_; }
+  const uint8_t* slot(int32_t s) const { return base_ + int64_t{s} * slot_bytes_; }
+  const uint8_t* base() const { return base_; }
+  int64_t slot_bytes() const { return slot_bytes_; }
+  int64_t num_slots() const { return num_slots_; }
+  int64_t free_slots() const { return static_cast<int64_t>(free_.size()); }
+  bool host_accessible() const { return memory_->host_accessible(); }
+  // Copies into, or out of, slot s at `offset` within it.
+  absl::Status Write(int32_t s, int64_t offset, const void* src, int64_t n);
+  absl::Status Read(int32_t s, int64_t offset, void* dst, int64_t n) const;
+
+ private:
+  std::shared_ptr<PageMemory> memory_;
+  int64_t offset_;
+  uint8_t* base_;
+  int64_t slot_bytes_;
+  int64_t num_slots_;
+  std::vector<int32_t> free_;
+};
+
 struct KvCacheOptions {
   KvCacheFormat format = KvCacheFormat::kInt2;
   kernels::SplitLayout layout;  // sink 64, recent >= 256, pages of 64
@@ -83,36 +131,8 @@ struct KvCacheOptions {
   // without them (empty) such a prefix is refused.
   std::vector<float> demotion_key_clip;
   std::vector<float> demotion_value_clip;
-};
-
-// Page memory behind a seam: host memory here, device memory for the CUDA backend.
-class PageMemory {
- public:
-  virtual ~PageMemory() = default;
-  virtual uint8_t* data() = 0;
-  virtual int64_t size() const = 0;
-};
-std::unique_ptr<PageMemory> AllocateHostPageMemory(int64_t bytes);
-
-// Fixed-size slots carved from one PageMemory.
-class PagePool {
- public:
-  PagePool(std::unique_ptr<PageMemory> memory, int64_t slot_bytes);
-  std::optional<int32_t> Allocate();
-  void Free(int32_t slot);
-  uint8_t* slot(int32_t s) { return base_ + int64_t{s} * slot_bytes_; }
-  const uint8_t* slot(int32_t s) const { return base_ + int64_t{s} * slot_bytes_; }
-  const uint8_t* base() const { return base_; }
-  int64_t slot_bytes() const { return slot_bytes_; }
-  int64_t num_slots() const { return num_slots_; }
-  int64_t free_slots() const { return static_cast<int64_t>(free_.size()); }
-
- private:
-  std::unique_ptr<PageMemory> memory_;
-  uint8_t* base_;
-  int64_t slot_bytes_;
-  int64_t num_slots_;
-  std::vector<int32_t> free_;
+  // The page memory; empty: host memory (what the CPU backend needs).
+  PageMemoryAllocator allocate_page_memory;
 };
 
 // The pages of one sequence. Page i covers tokens [i*64, (i+1)*64).
@@ -162,13 +182,15 @@ class KvCache {
   // fills them layer by layer; EndAppend frees the BF16 slots of demoted pages and writes the
   // headers of pages that became full.
   absl::Status BeginAppend(SequenceKv& seq, int64_t new_total);
-  void EndAppend(SequenceKv& seq, int64_t new_total);
+  absl::Status EndAppend(SequenceKv& seq, int64_t new_total);
 
   // Pages demoted to INT2 once the sequence holds n tokens: [sink_pages, DemotedPagesEnd(n)).
   int64_t DemotedPagesEnd(int64_t n) const;
   // First query position that sees page p in INT2 (INT64_MAX when it never does).
   int64_t FirstInt2Query(int64_t page) const;
 
+  // Block addresses, and encoding or decoding history blocks in place: host page memory only
+  // (the CPU backend; a device cache is read and written by its kernels).
   uint8_t* Bf16Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
   // INT2 formats only: the page's INT2 block.
   uint8_t* Int2Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
@@ -179,6 +201,7 @@ class KvCache {
                      const float* rows, float clip_ratio);
   void DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
                      int num_tokens, float* rows);
+  bool host_memory() const { return bf16_pool_->host_accessible(); }
   const PagePool& bf16_pool() const { return *bf16_pool_; }
   // The history pool (INT2 pages, or fp32 pages for the evaluation formats).
   const PagePool* int2_pool() const { return int2_pool_.get(); }
@@ -215,8 +238,10 @@ class KvCache {
 
  private:
   KvCache(const kernels::KvGeometry& g, const KvCacheOptions& o) : geometry_(g), options_(o) {}
-  void WriteHeader(const SequenceKv& seq, int64_t page, kernels::PageEncoding encoding,
-                   uint8_t* slot) const;
+  kernels::PageHeader Header(const SequenceKv& seq, int64_t page,
+                             kernels::PageEncoding encoding) const;
+  absl::Status WriteHeader(const SequenceKv& seq, int64_t page, kernels::PageEncoding encoding,
+                           PagePool& pool, int32_t slot) const;
 
   kernels::KvGeometry geometry_;
   KvCacheOptions options_;
