@@ -75,6 +75,32 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
     return out;
   }
 
+  // Nothing filtered: draw from the whole tempered distribution in token order, one pass over
+  // the vocabulary (a sort of 150k logits per token would dominate a GPU decode step).
+  if ((options_.top_k <= 0 || options_.top_k >= vocab) && options_.min_p <= 0.0f &&
+      options_.top_p >= 1.0f) {
+    probs_.resize(vocab);
+    double sum = 0.0;
+    for (int i = 0; i < vocab; ++i) {
+      sum += probs_[i] = std::exp((double{work_[i]} - max_logit) / options_.temperature);
+    }
+    std::uniform_real_distribution<double> uniform(0.0, sum);
+    double r = uniform(rng_);
+    int pick = vocab - 1;
+    for (int i = 0; i < vocab; ++i) {
+      r -= probs_[i];
+      if (r < 0.0) {
+        pick = i;
+        break;
+      }
+    }
+    // A token of zero weight is never drawn (r lands past it only by rounding at the end).
+    while (pick > 0 && probs_[pick] == 0.0) --pick;
+    out.token = pick;
+    out.logprob = work_[out.token] - log_z;
+    return out;
+  }
+
   // Candidates sorted by logit; top-k, then min-p, then top-p on the tempered distribution.
   order_.resize(vocab);
   std::iota(order_.begin(), order_.end(), 0);

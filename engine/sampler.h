@@ -45,6 +45,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<float> work_;
   std::vector<int32_t> order_;
+  std::vector<double> probs_;
 };
 
 }  // namespace kvstrata::engine
