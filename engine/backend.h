@@ -1,10 +1,11 @@
 #pragma once
 
 // The seam between the engine (scheduling, sampling, cache bookkeeping) and the math of the
-// forward pass. The CPU backend is here; a CUDA backend implements the same interface over
-// device page pools.
+// forward pass: the CPU backend (cpu_backend.h) and the CUDA backend (cuda/cuda_backend.h, over
+// device page pools) implement it.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +32,12 @@ class ForwardObserver {
                      int n) = 0;
 };
 
+// What the last Forward took on its device (zero for a backend that does not measure it, the
+// CPU's): the wall time of a pass minus this is what it spent outside kernels.
+struct ForwardTiming {
+  double device_seconds = 0.0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -39,6 +46,10 @@ class Backend {
   virtual absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
                                ForwardObserver* observer = nullptr) = 0;
   virtual int vocab_size() const = 0;
+  virtual ForwardTiming last_timing() const { return {}; }
+  // Where and how the pass runs, for logs: "cpu (fp32, OpenBLAS)", "cuda:0 (NVIDIA H200, ...),
+  // bf16 weights".
+  virtual std::string Describe() const = 0;
 };
 
 }  // namespace kvstrata::engine

@@ -7,9 +7,15 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "engine/cpu_backend.h"
+#ifdef KVSTRATA_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/device_page_memory.h"
+#endif
 #include "model/loader.h"
 #include "model/safetensors.h"
 
@@ -122,6 +128,8 @@ class Engine::MeteredBackend final : public Backend {
     return absl::OkStatus();
   }
   int vocab_size() const override { return inner_->vocab_size(); }
+  ForwardTiming last_timing() const override { return inner_->last_timing(); }
+  std::string Describe() const override { return inner_->Describe(); }
   const std::vector<ItemKv>& last() const { return last_; }
   void ForgetLast() { last_.clear(); }
 
@@ -130,6 +138,48 @@ class Engine::MeteredBackend final : public Backend {
   const KvCache* cache_;
   std::vector<ItemKv> last_;
 };
+
+std::string Device::ToString() const { return cuda ? absl::StrCat("cuda:", index) : "cpu"; }
+
+absl::StatusOr<Device> ParseDevice(std::string_view text_view) {
+  const absl::string_view text(text_view.data(), text_view.size());
+  Device d;
+  if (text == "cpu") return d;
+  if (text == "cuda") {
+    d.cuda = true;
+    return d;
+  }
+  if (absl::StartsWith(text, "cuda:") && absl::SimpleAtoi(text.substr(5), &d.index) &&
+      d.index >= 0) {
+    d.cuda = true;
+    return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device \"", text, "\" is not cpu, cuda or cuda:N"));
+}
+
+const char* GpuWeightsName(GpuWeights w) {
+  switch (w) {
+    case GpuWeights::kAuto:
+      return "auto";
+    case GpuWeights::kBf16:
+      return "bf16";
+    case GpuWeights::kFp16:
+      return "fp16";
+    case GpuWeights::kFp32:
+      return "fp32";
+  }
+  return "auto";
+}
+
+absl::StatusOr<GpuWeights> ParseGpuWeights(std::string_view text) {
+  for (GpuWeights w : {GpuWeights::kAuto, GpuWeights::kBf16, GpuWeights::kFp16, GpuWeights::kFp32}) {
+    if (text == GpuWeightsName(w)) return w;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("GPU weight type \"",
+                                                 absl::string_view(text.data(), text.size()),
+                                                 "\" is not auto, bf16, fp16 or fp32"));
+}
 
 Engine::Engine(std::shared_ptr<const model::LoadedModel> model, tokenizer::PromptEncoder encoder,
                const EngineOptions& options)
@@ -199,9 +249,41 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   KvCacheOptions cache_options = options.kv_cache;
   cache_options.demotion_key_clip = e->rotations_.k_clip;
   cache_options.demotion_value_clip = e->rotations_.v_clip;
-  KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, cache_options));
-  e->backend_ = std::make_unique<MeteredBackend>(
-      CreateCpuBackend(*e->model_, e->rotations_, e->cache_.get()), e->cache_.get());
+  std::unique_ptr<Backend> backend;
+  if (options.device.cuda) {
+#ifdef KVSTRATA_HAVE_CUDA
+    const int gpu = options.device.index;
+    if (absl::StatusOr<std::string> d = DescribeCudaDevice(gpu); !d.ok()) {
+      return absl::UnavailableError(absl::StrCat("device ", options.device.ToString(), ": ",
+                                                 d.status().message()));
+    }
+    cache_options.allocate_page_memory = DevicePageMemoryAllocator(gpu);
+    absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(geometry, cache_options);
+    if (!cache.ok()) {
+      if (cache.status().code() == absl::StatusCode::kResourceExhausted) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            cache.status().message(), ": lower kv_cache.capacity_bytes (--kv-cache-mb)"));
+      }
+      return cache.status();
+    }
+    e->cache_ = *std::move(cache);
+    CudaBackendOptions cuda;
+    cuda.device = gpu;
+    cuda.weights = options.gpu_weights;
+    cuda.max_step_tokens = options.scheduler.max_step_tokens;
+    cuda.max_items = options.scheduler.max_running;
+    KV_ASSIGN_OR_RETURN(backend,
+                        CreateCudaBackend(*e->model_, e->rotations_, e->cache_.get(), cuda));
+#else
+    return absl::UnavailableError(absl::StrCat(
+        "device ", options.device.ToString(),
+        ": this build of kvstrata has no CUDA support (it was built without nvcc)"));
+#endif
+  } else {
+    KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, cache_options));
+    backend = CreateCpuBackend(*e->model_, e->rotations_, e->cache_.get());
+  }
+  e->backend_ = std::make_unique<MeteredBackend>(std::move(backend), e->cache_.get());
   const tokenizer::Tokenizer* t = &e->encoder_.tokenizer();
   e->scheduler_ = std::make_unique<Scheduler>(
       e->backend_.get(), e->cache_.get(),

@@ -40,8 +40,29 @@
 
 namespace kvstrata::engine {
 
+// Where the forward pass runs.
+struct Device {
+  bool cuda = false;
+  int index = 0;  // the CUDA device (cuda only)
+  std::string ToString() const;  // "cpu", "cuda:1"
+};
+// "cpu", "cuda" (device 0) or "cuda:N"; InvalidArgument otherwise.
+absl::StatusOr<Device> ParseDevice(std::string_view text);
+
+// The type of the weights (and of the activations multiplied by them) on a GPU. auto: fp32 when
+// the model's weights take at most 2 GiB that way (the CPU engine's arithmetic, for small models
+// such as the default one), BF16 otherwise.
+enum class GpuWeights { kAuto, kBf16, kFp16, kFp32 };
+const char* GpuWeightsName(GpuWeights w);
+absl::StatusOr<GpuWeights> ParseGpuWeights(std::string_view text);
+
 struct EngineOptions {
   std::string model_path;      // a .gguf file or a Hugging Face model folder (Load only)
+  // cpu: the CPU backend, KV pages in host memory. cuda: the CUDA backend on that GPU, KV pages
+  // in device memory (Create answers Unavailable, naming the device, when there is no such GPU
+  // or the build has no CUDA).
+  Device device;
+  GpuWeights gpu_weights = GpuWeights::kAuto;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

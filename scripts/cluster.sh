@@ -19,6 +19,7 @@
 #   KVSTRATA_MODEL                model path for the router and workers (default: theirs)
 #   KVSTRATA_KVSTORE_MB [512]     kvstore --capacity_mb
 #   KVSTRATA_DECODE_KV_MB         each worker's --kv_cache_mb (default: the worker's own)
+#   KVSTRATA_DECODE_DEVICE [cpu]  each worker's --device (cuda, cuda:N: both workers on that GPU)
 #   KVSTRATA_CLUSTER_TIMEOUT [120]       seconds `up` waits for each process to become healthy
 #   KVSTRATA_CLUSTER_STOP_TIMEOUT [20]   seconds `down` waits after SIGTERM before SIGKILL
 set -euo pipefail
@@ -90,7 +91,7 @@ args_of() {
       [[ $with_router != 0 ]] && router=(--router="$host:$router_port")
       [[ -n ${KVSTRATA_DECODE_KV_MB:-} ]] && kv_mb=(--kv_cache_mb="$KVSTRATA_DECODE_KV_MB")
       echo "${common[@]}" "${model[@]}" --worker_id="$name" --kv_format=int2 "${kv_mb[@]}" \
-        --kvstore="$host:$kvstore_port" "${router[@]}" ;;
+        --device="${KVSTRATA_DECODE_DEVICE:-cpu}" --kvstore="$host:$kvstore_port" "${router[@]}" ;;
   esac
 }
 

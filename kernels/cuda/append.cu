@@ -26,8 +26,10 @@ __global__ void AppendKernel(AppendParams p) {
   for (int t0 = 0; t0 < p.num_tokens; t0 += kAppendTokenTile) {
     const int n = min(kAppendTokenTile, p.num_tokens - t0);
     __syncthreads();
+    const float* src32 = kind == 0 ? p.k_f32 : p.v_f32;
     for (int t = 0; t < n; ++t) {
-      x[t][j] = Bf16ToFloat(src[((int64_t{layer} * p.num_tokens + t0 + t) * heads + h) * D + j]);
+      const int64_t i = ((int64_t{layer} * p.num_tokens + t0 + t) * heads + h) * D + j;
+      x[t][j] = src32 ? src32[i] : Bf16ToFloat(src[i]);
     }
     __syncthreads();
     float y[kAppendTokenTile];

@@ -20,6 +20,10 @@ struct AppendParams {
   // device bf16 [num_layers][num_tokens][num_kv_heads][head_dim], after RoPE, unrotated
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
+  // Or the same rows in fp32 (the engine's, so the values are rounded once, after rotation, as
+  // on the CPU); used instead of k and v when set.
+  const float* k_f32 = nullptr;
+  const float* v_f32 = nullptr;
   int num_tokens = 0;
   // device fp32 [num_layers][num_kv_heads][head_dim][head_dim]; null = identity
   const float* k_rotation = nullptr;

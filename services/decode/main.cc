@@ -46,6 +46,11 @@ ABSL_FLAG(std::string, rotations, "",
           "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
           "'identity' for none.");
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model runs: cpu, or cuda / cuda:N (weights and KV cache on that GPU).");
+ABSL_FLAG(std::string, gpu_weights, "auto",
+          "With --device cuda, the weights' type: auto (fp32 up to 2 GiB of fp32 weights, else "
+          "bf16), bf16, fp16 or fp32.");
 ABSL_FLAG(std::string, kvstore, "",
           "Comma-separated kvstore addresses (HOST:PORT); empty: no kvstore.");
 ABSL_FLAG(int, local_cache_mb, 256,
@@ -107,6 +112,17 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
         absl::StrCat("--kv_cache_mb=", mb, ": must be in [1, 1048576]"));
   }
   config.engine.kv_cache.capacity_bytes = int64_t{mb} << 20;
+  absl::StatusOr<engine::Device> device = engine::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  }
+  config.engine.device = *device;
+  absl::StatusOr<engine::GpuWeights> weights =
+      engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
+  if (!weights.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu_weights: ", weights.status().message()));
+  }
+  config.engine.gpu_weights = *weights;
   for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
     if (!absl::StrContains(a, ':')) {
       return absl::InvalidArgumentError(absl::StrCat("--kvstore: '", a, "' is not HOST:PORT"));
@@ -184,13 +200,15 @@ int Run(DecodeConfig config) {
 
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Engine::Load(config.engine);
   if (!engine.ok()) {
-    fprintf(stderr, "kvstrata-decode: --model=%s: %s\n", config.engine.model_path.c_str(),
+    fprintf(stderr, "kvstrata-decode: loading --model=%s on --device=%s: %s\n",
+            config.engine.model_path.c_str(), config.engine.device.ToString().c_str(),
             engine.status().ToString().c_str());
     return 1;
   }
   config.service.model_name =
       (*engine)->config().name.empty() ? "default" : (*engine)->config().name;
   const std::string kv_format = (*engine)->KvFormatString();
+  const std::string backend = (*engine)->backend().Describe();
   MetricsRegistry registry;
   DecodeService service(*std::move(engine), config.service, &registry);
 
@@ -215,9 +233,10 @@ int Run(DecodeConfig config) {
   }
   (*server)->SetServingStatus("kvstrata.v1.Generation", true);
   fprintf(stderr,
-          "kvstrata-decode: serving kvstrata.v1.Generation on %s (model %s, kv format %s, "
+          "kvstrata-decode: serving kvstrata.v1.Generation on %s (model %s on %s, kv format %s, "
           "local page tier %lld MiB, %zu kvstore(s), router %s); metrics on %s\n",
-          (*server)->address().c_str(), config.service.model_name.c_str(), kv_format.c_str(),
+          (*server)->address().c_str(), config.service.model_name.c_str(),
+          backend.c_str(), kv_format.c_str(),
           static_cast<long long>(config.service.local_cache_bytes >> 20),
           config.service.kvstore_addresses.size(),
           config.routers.empty() ? "(none)" : absl::StrJoin(config.routers, ",").c_str(),

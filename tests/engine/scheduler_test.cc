@@ -164,6 +164,7 @@ class FailingBackend final : public Backend {
     return absl::InternalError("injected failure");
   }
   int vocab_size() const override { return 10; }
+  std::string Describe() const override { return "failing"; }
 };
 
 TEST(SchedulerFailures, AFailedForwardEndsItsSequencesAndFreesTheirPages) {

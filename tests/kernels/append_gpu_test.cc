@@ -55,6 +55,27 @@ TEST(AppendGpu, RotatesWritesAndDemotesLikeTheCpu) {
     ap.slot_stride = bf16_stride;
     ap.geometry = g;
     ASSERT_EQ(AppendRotatedRows(ap, nullptr), cudaSuccess);
+    // The same rows given in fp32 (the engine's path) write the same bytes.
+    {
+      std::vector<float> k32, v32;
+      for (uint16_t x : k) k32.push_back(Bf16ToFloat(x));
+      for (uint16_t x : v) v32.push_back(Bf16ToFloat(x));
+      uint8_t* d_bf16_f32 = ToDevice(bf16_pool);
+      AppendParams af = ap;
+      af.k = nullptr;
+      af.v = nullptr;
+      af.k_f32 = ToDevice(k32);
+      af.v_f32 = ToDevice(v32);
+      af.bf16_pool = d_bf16_f32;
+      ASSERT_EQ(AppendRotatedRows(af, nullptr), cudaSuccess);
+      std::vector<uint8_t> a(bf16_pool.size()), b(bf16_pool.size());
+      ASSERT_EQ(cudaMemcpy(a.data(), d_bf16, a.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(b.data(), d_bf16_f32, b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(a, b) << "fp32 and bf16 inputs of the same values";
+      cudaFree(d_bf16_f32);
+      cudaFree(const_cast<float*>(af.k_f32));
+      cudaFree(const_cast<float*>(af.v_f32));
+    }
     std::vector<float> clip(g.num_layers * 2 * g.num_kv_heads);
     for (size_t i = 0; i < clip.size(); ++i) clip[i] = i % 3 == 0 ? 1.0f : 0.9f + 0.01f * (i % 7);
     std::vector<uint8_t> int2_pool(2 * int2_stride, 0);

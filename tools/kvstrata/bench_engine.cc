@@ -10,7 +10,10 @@
 //   decode tok/s  = B * (decode_tokens - 1) / decode time
 // The KV figures are the page slots held at the peak, the last time it was reached (headers and
 // unfilled rows included), and the bits per element of the tokens they then held.
-// These are CPU timings: fp32 GEMMs through OpenBLAS on however many cores the machine has.
+// With --device cpu these are CPU timings (fp32 GEMMs through OpenBLAS on however many cores the
+// machine has); with --device cuda the GPU's, and the decode steps' device time (kernels and the
+// logits copy) is reported beside their wall time, so the share spent outside kernels (host
+// bookkeeping, sampling, launches) shows.
 
 #include <algorithm>
 #include <chrono>
@@ -60,6 +63,7 @@ struct Result {
   int64_t kv_bytes = 0;   // peak page slots held
   int64_t kv_tokens = 0;  // tokens in the cache at that peak
   double kv_bits_per_element = 0.0;
+  double decode_device_seconds = 0.0;  // of the decode steps; 0 on the CPU
 
   double prefill_tps() const { return batch * prompt_tokens / prefill_seconds; }
   double decode_tps() const { return batch * (decode_tokens - 1) / decode_seconds; }
@@ -112,7 +116,9 @@ absl::StatusOr<Result> RunOne(engine::Engine& e, const std::vector<std::vector<i
   std::vector<engine::GenerationEvent> events;
   while (!e.scheduler().idle()) {
     events.clear();
+    const bool decoding = started == r.batch;
     if (absl::Status s = e.scheduler().Step(&events); !s.ok()) return s;
+    if (decoding) r.decode_device_seconds += e.backend().last_timing().device_seconds;
     if (e.scheduler().waiting() > 0) {  // the phases would mix: refuse to time it
       return absl::InvalidArgumentError(
           absl::StrCat("the KV cache cannot hold ", r.batch, " sequences of ",
@@ -199,9 +205,10 @@ int RunBenchEngine() {
     ids.insert(ids.end(), once.begin(), once.end());
   }
   std::fprintf(stderr,
-               "bench-engine: %s, %d prompt + %d generated tokens per sequence, %u CPUs (%s)\n",
-               model->config.name.c_str(), prompt_tokens, decode_tokens,
-               std::thread::hardware_concurrency(), CpuModel().c_str());
+               "bench-engine: %s on %s, %d prompt + %d generated tokens per sequence, %u CPUs "
+               "(%s)\n",
+               model->config.name.c_str(), engines[0]->backend().Describe().c_str(), prompt_tokens,
+               decode_tokens, std::thread::hardware_concurrency(), CpuModel().c_str());
 
   std::vector<Result> results;
   for (int b : batches) {
@@ -230,12 +237,18 @@ int RunBenchEngine() {
     }
   }
 
-  std::printf("%-6s %5s %7s %14s %13s %15s %10s %9s\n", "format", "batch", "context",
-              "prefill tok/s", "decode tok/s", "decode ms/step", "KV MiB", "bits/elt");
+  std::printf("%-6s %5s %7s %14s %13s %15s %13s %10s %9s\n", "format", "batch", "context",
+              "prefill tok/s", "decode tok/s", "decode ms/step", "outside kern.", "KV MiB",
+              "bits/elt");
   for (const Result& r : results) {
-    std::printf("%-6s %5d %7d %14.1f %13.1f %15.1f %10.1f %9.2f\n", r.format.c_str(), r.batch,
-                r.prompt_tokens + r.decode_tokens, r.prefill_tps(), r.decode_tps(),
-                r.decode_ms_per_step(), r.kv_bytes / 1048576.0, r.kv_bits_per_element);
+    const std::string outside =
+        r.decode_device_seconds > 0
+            ? absl::StrFormat("%.0f%%", 100 * (1 - r.decode_device_seconds / r.decode_seconds))
+            : "-";
+    std::printf("%-6s %5d %7d %14.1f %13.1f %15.2f %13s %10.1f %9.2f\n", r.format.c_str(),
+                r.batch, r.prompt_tokens + r.decode_tokens, r.prefill_tps(), r.decode_tps(),
+                r.decode_ms_per_step(), outside.c_str(), r.kv_bytes / 1048576.0,
+                r.kv_bits_per_element);
   }
   // Every format against the first, batch by batch.
   for (size_t i = 0; i < results.size(); ++i) {
@@ -253,7 +266,9 @@ int RunBenchEngine() {
   j["model"] = model->config.name;
   j["prompt_tokens"] = prompt_tokens;
   j["decode_tokens"] = decode_tokens;
-  j["note"] = "CPU timings: fp32 OpenBLAS GEMMs";
+  j["device"] = engines[0]->backend().Describe();
+  j["note"] = options->device.cuda ? "GPU timings: BF16 weights, cuBLAS GEMMs, kvstrata kernels"
+                                   : "CPU timings: fp32 OpenBLAS GEMMs";
   for (const Result& r : results) {
     j["results"].push_back({{"kv_format", r.format},
                             {"kv_format_string", r.format_string},
@@ -263,6 +278,7 @@ int RunBenchEngine() {
                             {"decode_ms_per_step", r.decode_ms_per_step()},
                             {"prefill_s", r.prefill_seconds},
                             {"decode_s", r.decode_seconds},
+                            {"decode_device_s", r.decode_device_seconds},
                             {"kv_bytes", r.kv_bytes},
                             {"kv_tokens", r.kv_tokens},
                             {"kv_bits_per_element", r.kv_bits_per_element}});
@@ -279,7 +295,7 @@ int RunBenchEngine() {
 }  // namespace
 
 KVSTRATA_COMMAND(bench_engine, "bench-engine",
-                 "CPU prefill/decode tokens/s of the engine per KV format and batch size",
+                 "prefill/decode tokens/s of the engine per KV format and batch size (--device)",
                  RunBenchEngine);
 
 }  // namespace kvstrata::cli

@@ -16,6 +16,11 @@ ABSL_FLAG(std::string, rotations, "",
           "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
           "'identity' for none");
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the model runs: cpu, or cuda / cuda:N (the KV cache then lives on that GPU)");
+ABSL_FLAG(std::string, gpu_weights, "auto",
+          "with --device cuda, the weights' type: auto (fp32 for models up to 2 GiB of fp32 "
+          "weights, as the CPU computes; bf16 above), bf16, fp16 or fp32");
 
 namespace kvstrata::cli {
 
@@ -34,6 +39,16 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
         absl::StrCat("--kv-cache-mb=", mb, " must be in [1, 1048576]"));
   }
   o.kv_cache.capacity_bytes = int64_t{mb} << 20;
+  absl::StatusOr<engine::Device> device = engine::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  }
+  o.device = *device;
+  absl::StatusOr<engine::GpuWeights> weights = engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
+  if (!weights.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-weights: ", weights.status().message()));
+  }
+  o.gpu_weights = *weights;
   std::error_code ec;
   o.rotations_path = absl::GetFlag(FLAGS_rotations);
   if (o.rotations_path == "identity") {

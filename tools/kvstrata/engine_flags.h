@@ -15,6 +15,8 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, kv_format);
 ABSL_DECLARE_FLAG(std::string, rotations);
 ABSL_DECLARE_FLAG(int, kv_cache_mb);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, gpu_weights);
 
 namespace kvstrata::cli {
 
@@ -22,8 +24,8 @@ namespace kvstrata::cli {
 using engine::CacheDir;
 using engine::DefaultModelPath;
 
-// Engine options from --model (or the default model), --kv-format, --rotations and
-// --kv-cache-mb; the caller adjusts the sizing (sequences, chunks) it needs. InvalidArgument
+// Engine options from --model (or the default model), --kv-format, --rotations, --kv-cache-mb
+// and --device; the caller adjusts the sizing (sequences, chunks) it needs. InvalidArgument
 // naming the flag for a bad value or a --model that does not exist; NotFound pointing at
 // scripts/fetch-model.sh when --model is not given and the default model is absent.
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();

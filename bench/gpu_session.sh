@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The CUDA engine's GPU run, on a machine with a GPU, from the repository root. The default model
+# (98 MB) is larger than one transfer to that machine may be, so the run comes in steps that
+# share /tmp/kvstrata-gpu on the same (warm) machine:
+#
+#   here:   scripts/build.sh && bench/gpu_session.sh pack      # .devpack/: binaries, model halves
+#   there:  bench/gpu_session.sh kernels   (carry .devpack/bin.tar.xz .devpack/model.0)
+#   there:  bench/gpu_session.sh engine    (carry .devpack/model.1 .devpack/model.sha256)
+#
+# kernels: unpacks the binaries, keeps the first half of the model, runs the kernel GPU tests.
+# engine:  joins the model (checked against its SHA-256), runs the CUDA engine test against the
+#          CPU engine, `kvstrata bench-engine --device cuda` (batch 1, 8, 32, both formats), and
+#          a local cluster whose two decode workers serve from the GPU (demo-chat through the
+#          router). Results under ${OUT:-bench-out}/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+step=${1:?usage: bench/gpu_session.sh pack|kernels|engine}
+work=/tmp/kvstrata-gpu
+out=${OUT:-bench-out}
+mkdir -p "$out"
+
+case $step in
+  pack)
+    model=${KVSTRATA_MODEL:-${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    ../shared/tools/device-pack build/bin/kvstrata build/bin/kvstrata-decode \
+      build/bin/kvstrata-router build/bin/kvstrata-kvstore build/tests/kernels/*_gpu_test \
+      build/tests/engine/engine_cuda_gpu_test >/dev/null
+    strip -s .device/bin/* 2>/dev/null
+    mkdir -p .devpack
+    grep -qxF "/.devpack/" .git/info/exclude || echo "/.devpack/" >>.git/info/exclude
+    tar cf - -C .device . | xz -T0 -6 >.devpack/bin.tar.xz
+    # The first part travels with the binaries, the second alone: 40 MiB keeps both calls under
+    # the 64 MiB a transfer may hold, the repository included.
+    half=$((40 << 20))
+    head -c "$half" "$model" >.devpack/model.0
+    tail -c +$((half + 1)) "$model" >.devpack/model.1
+    sha256sum "$model" | cut -d' ' -f1 >.devpack/model.sha256
+    du -sh .devpack/*
+    ;;
+  kernels)
+    rm -rf "$work" && mkdir -p "$work/device"
+    tar xJf .devpack/bin.tar.xz -C "$work/device"
+    cp .devpack/model.0 "$work/"
+    source "$work/device/env.sh"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+    status=0
+    for t in "$work"/device/bin/kernels_*_gpu_test; do
+      echo "== $(basename "$t")"
+      "$t" 2>&1 | tee -a "$out/kernel_tests.log" |
+        grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|append head_dim|split decode:" || true
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
+    exit $status
+    ;;
+  engine)
+    source "$work/device/env.sh"
+    cat "$work/model.0" .devpack/model.1 >"$work/model.gguf"
+    if ! echo "$(cat .devpack/model.sha256)  $work/model.gguf" | sha256sum -c --quiet; then
+      echo "gpu_session: the joined model does not match its SHA-256" >&2
+      exit 1
+    fi
+    export KVSTRATA_MODEL=$work/model.gguf
+    status=0
+    echo "== engine_cuda_gpu_test"
+    engine_cuda_gpu_test 2>&1 | tee "$out/engine_test.log" |
+      grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|mean KL|identical|differs|cpu:|gpu:" || true
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    echo "== bench-engine --device cuda"
+    kvstrata bench-engine --device cuda --model "$KVSTRATA_MODEL" --kv-cache-mb 8192 \
+      --prompt-tokens 1024 --decode-tokens 64 --batch-sizes 1,8,32 --kv-formats bf16,int2 \
+      --json "$out/bench-engine-cuda.json" 2>&1 | tee "$out/bench_engine.log" |
+      grep -vE '^\s+("|\{|\}|\]|\[)' || status=1
+    echo "== a cluster serving from the GPU"
+    KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
+      KVSTRATA_MODEL="$KVSTRATA_MODEL" scripts/cluster.sh up >"$out/cluster.log" 2>&1 || {
+        status=1
+        tail -20 "$out/cluster.log"
+      }
+    kvstrata demo-chat 2>&1 | tee "$out/demo_chat.log" | tail -25 || status=1
+    KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device scripts/cluster.sh down >/dev/null 2>&1
+    grep -h "serving kvstrata.v1.Generation" "$work"/cluster/decode-*.log | head -2
+    exit $status
+    ;;
+  *)
+    echo "gpu_session: unknown step $step" >&2
+    exit 2
+    ;;
+esac

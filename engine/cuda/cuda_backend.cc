@@ -1,0 +1,834 @@
+#include "engine/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "kernels/cuda/append.h"
+#include "kernels/cuda/chunk_attention.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/split_decode.h"
+#include "kernels/numeric.h"
+
+namespace kvstrata::engine {
+namespace {
+
+using kernels::GemmType;
+
+absl::Status CudaError(cudaError_t e, const char* what, int device) {
+  return absl::InternalError(
+      absl::StrCat(what, " failed on cuda:", device, ": ", cudaGetErrorString(e)));
+}
+
+#define KV_CUDA_RETURN_IF_ERROR(call, what)                    \
+  do {                                                         \
+    if (cudaError_t kv_cuda_e = (call); kv_cuda_e != cudaSuccess) \
+      return CudaError(kv_cuda_e, what, device_);              \
+  } while (0)
+
+#define KV_CUBLAS_RETURN_IF_ERROR(call, what)                                              \
+  do {                                                                                     \
+    if (cublasStatus_t kv_blas_s = (call); kv_blas_s != CUBLAS_STATUS_SUCCESS)             \
+      return absl::InternalError(absl::StrCat(what, " failed on cuda:", device_, ": ",    \
+                                              cublasGetStatusString(kv_blas_s)));         \
+  } while (0)
+
+// A device buffer that frees itself.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  cudaError_t Allocate(size_t bytes) {
+    bytes_ = std::max<size_t>(bytes, 256);
+    return cudaMalloc(&ptr_, bytes_);
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host arrays of one forward pass, packed into one staging buffer and copied to the device in
+// one transfer; each array is then addressed on the device by its offset.
+class Metadata {
+ public:
+  // Appends the values and returns their offset in bytes (16-byte aligned).
+  int64_t Add(const std::vector<int32_t>& values) {
+    const int64_t at = (static_cast<int64_t>(bytes_.size()) + 15) / 16 * 16;
+    bytes_.resize(at + values.size() * sizeof(int32_t));
+    if (!values.empty()) std::memcpy(bytes_.data() + at, values.data(), values.size() * 4);
+    return at;
+  }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  void Clear() { bytes_.clear(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+struct LayerDeviceWeights {
+  const void* wq = nullptr;  // matrices in the backend's GemmType
+  const void* wk = nullptr;
+  const void* wv = nullptr;
+  const void* wo = nullptr;
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const void* w_down = nullptr;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* bq = nullptr;
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+};
+
+// The parameters in the model's matrices (embeddings once when tied).
+int64_t MatrixParameters(const model::ModelConfig& c) {
+  const int64_t H = c.hidden_size, q = int64_t{c.num_heads} * c.head_dim,
+                kv = int64_t{c.num_kv_heads} * c.head_dim, I = c.intermediate_size;
+  return int64_t{c.vocab_size} * H * (c.tied_embeddings ? 1 : 2) +
+         c.num_layers * (q * H + 2 * kv * H + H * q + 3 * I * H);
+}
+
+GemmType ResolveWeights(GpuWeights w, const model::ModelConfig& c) {
+  switch (w) {
+    case GpuWeights::kBf16:
+      return GemmType::kBf16;
+    case GpuWeights::kFp16:
+      return GemmType::kFp16;
+    case GpuWeights::kFp32:
+      return GemmType::kFp32;
+    case GpuWeights::kAuto:
+      break;
+  }
+  return MatrixParameters(c) * 4 <= (int64_t{2} << 30) ? GemmType::kFp32 : GemmType::kBf16;
+}
+
+const char* GemmTypeName(GemmType t) {
+  switch (t) {
+    case GemmType::kBf16:
+      return "bf16";
+    case GemmType::kFp16:
+      return "fp16";
+    case GemmType::kFp32:
+      break;
+  }
+  return "fp32";
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const model::LoadedModel& model, const RotationSet& rotations, KvCache* cache,
+              const CudaBackendOptions& options)
+      : model_(model),
+        cfg_(model.config),
+        rot_(rotations),
+        cache_(cache),
+        options_(options),
+        device_(options.device),
+        type_(ResolveWeights(options.weights, model.config)) {}
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    if (start_) cudaEventDestroy(start_);
+    if (stop_) cudaEventDestroy(stop_);
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (pinned_) cudaFreeHost(pinned_);
+  }
+
+  absl::Status Init();
+  int vocab_size() const override { return cfg_.vocab_size; }
+  ForwardTiming last_timing() const override { return timing_; }
+  std::string Describe() const override {
+    absl::StatusOr<std::string> d = DescribeCudaDevice(device_);
+    return absl::StrCat(d.ok() ? *d : absl::StrCat("cuda:", device_), ", ", GemmTypeName(type_),
+                        " weights");
+  }
+  absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
+                       ForwardObserver* observer) override;
+
+ private:
+  struct Plan;  // one forward pass's device arrays
+  absl::Status UploadWeights();
+  absl::Status AllocateActivations();
+  // y fp32 [rows][out] (+)= x [rows][in] · Wᵀ, W [out][in], x and W in type_.
+  absl::Status Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
+                    bool accumulate);
+  absl::Status Layer(int layer, const Plan& plan);
+
+  const model::LoadedModel& model_;
+  const model::ModelConfig& cfg_;
+  const RotationSet& rot_;
+  KvCache* cache_;
+  const CudaBackendOptions options_;
+  const int device_;
+  const GemmType type_;
+  int num_sms_ = 0;
+  int decode_ctas_per_sm_ = 1;
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer blas_workspace_;
+
+  DeviceBuffer matrices_;       // every matrix, in type_
+  DeviceBuffer float_weights_;  // norms and biases, fp32
+  const void* embedding_ = nullptr;
+  const void* lm_head_ = nullptr;
+  const float* output_norm_ = nullptr;
+  std::vector<LayerDeviceWeights> layers_;
+  DeviceBuffer rotations_;  // k then v: [layers][kv_heads][d][d] each; empty for identity
+  DeviceBuffer clips_;      // [layers][2][kv_heads]
+
+  // Activations for max_step_tokens tokens.
+  DeviceBuffer x_, hn_, q_, k_, v_, qr_, attn_, o_, o_half_, gate_, up_, act_, cos_, sin_;
+  DeviceBuffer decode_q_, decode_q_half_, decode_out_, split_workspace_;
+  DeviceBuffer final_rows_, final_half_, logits_;
+  DeviceBuffer metadata_;
+  uint8_t* pinned_ = nullptr;  // staging for the metadata copy
+  size_t pinned_bytes_ = 0;
+  Metadata meta_;
+  int64_t max_split_workspace_ = 0;
+  int max_logit_rows_ = 0;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  ForwardTiming timing_;
+};
+
+// Where one forward pass's arrays are on the device, and the counts the launches need.
+struct CudaBackend::Plan {
+  int tokens = 0;
+  const int32_t* ids = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* append_slot = nullptr;
+  const int32_t* append_row = nullptr;
+  int demote_pages = 0;
+  const int32_t* demote_src = nullptr;
+  const int32_t* demote_dst = nullptr;
+  // Chunk attention: every item of the BF16 format, prefill items of the split formats.
+  kernels::ChunkAttentionParams chunk;
+  // Split decode: single-token items of the split formats.
+  int decode_items = 0;
+  const int32_t* decode_rows = nullptr;  // their rows in the batch
+  kernels::SplitDecodeCudaParams decode;
+  kernels::SplitDecodePlan decode_plan;
+  int logit_rows = 0;
+  const int32_t* logit_row_ids = nullptr;
+};
+
+absl::Status CudaBackend::Init() {
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  KV_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_),
+                          "cudaDeviceGetAttribute");
+  decode_ctas_per_sm_ = kernels::SplitDecodeCtasPerSm(cfg_.head_dim);
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_), "cudaEventCreate");
+  KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_), "cudaEventCreate");
+  KV_CUBLAS_RETURN_IF_ERROR(cublasCreate(&blas_), "cublasCreate");
+  KV_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_), "cublasSetStream");
+  // A fixed workspace, so cuBLAS allocates nothing per call (and graph capture works).
+  KV_CUDA_RETURN_IF_ERROR(blas_workspace_.Allocate(size_t{32} << 20), "cudaMalloc (cuBLAS)");
+  KV_CUBLAS_RETURN_IF_ERROR(
+      cublasSetWorkspace(blas_, blas_workspace_.as<void>(), blas_workspace_.bytes()),
+      "cublasSetWorkspace");
+  KV_RETURN_IF_ERROR(UploadWeights());
+  KV_RETURN_IF_ERROR(AllocateActivations());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UploadWeights() {
+  const int H = cfg_.hidden_size, d = cfg_.head_dim;
+  const int64_t qdim = int64_t{cfg_.num_heads} * d, kvdim = int64_t{cfg_.num_kv_heads} * d;
+  const int64_t inter = cfg_.intermediate_size, V = cfg_.vocab_size;
+  // Sizes first, so each arena is one allocation.
+  const int64_t matrix_elements = MatrixParameters(cfg_);
+  const int elem = kernels::GemmTypeBytes(type_);
+  int64_t floats = H;  // output norm
+  for (const model::LayerWeights& w : model_.weights.layers) {
+    floats += 2 * H;
+    if (w.bq) floats += qdim + 2 * kvdim;
+    if (w.q_norm) floats += 2 * d;
+  }
+  if (cudaError_t e = matrices_.Allocate(static_cast<size_t>(matrix_elements) * elem);
+      e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda:", device_, ": cannot allocate ", (matrix_elements * elem) >> 20, " MiB for the "
+        "model's weights in ", GemmTypeName(type_), ": ", cudaGetErrorString(e)));
+  }
+  KV_CUDA_RETURN_IF_ERROR(float_weights_.Allocate(static_cast<size_t>(floats) * 4),
+                          "cudaMalloc (weights)");
+  uint8_t* mnext = matrices_.as<uint8_t>();
+  float* fnext = float_weights_.as<float>();
+  std::vector<uint16_t> staging;
+  auto put_matrix = [&](const float* src, int64_t n) -> absl::StatusOr<const void*> {
+    const void* host = src;
+    if (type_ != GemmType::kFp32) {
+      staging.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        staging[i] = type_ == GemmType::kBf16 ? kernels::FloatToBf16(src[i])
+                                              : kernels::FloatToFp16(src[i]);
+      }
+      host = staging.data();
+    }
+    uint8_t* dst = mnext;
+    mnext += n * elem;
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, host, n * elem, cudaMemcpyHostToDevice),
+                            "cudaMemcpy (weights)");
+    return dst;
+  };
+  auto put_float = [&](const float* src, int64_t n) -> absl::StatusOr<const float*> {
+    if (src == nullptr) return nullptr;
+    float* dst = fnext;
+    fnext += n;
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, n * 4, cudaMemcpyHostToDevice),
+                            "cudaMemcpy (weights)");
+    return dst;
+  };
+  const model::ModelWeights& mw = model_.weights;
+  KV_ASSIGN_OR_RETURN(embedding_, put_matrix(mw.token_embedding, V * H));
+  if (cfg_.tied_embeddings || mw.lm_head == mw.token_embedding) {
+    lm_head_ = embedding_;
+  } else {
+    KV_ASSIGN_OR_RETURN(lm_head_, put_matrix(mw.lm_head, V * H));
+  }
+  KV_ASSIGN_OR_RETURN(output_norm_, put_float(mw.output_norm, H));
+  for (const model::LayerWeights& w : mw.layers) {
+    LayerDeviceWeights l;
+    KV_ASSIGN_OR_RETURN(l.wq, put_matrix(w.wq, qdim * H));
+    KV_ASSIGN_OR_RETURN(l.wk, put_matrix(w.wk, kvdim * H));
+    KV_ASSIGN_OR_RETURN(l.wv, put_matrix(w.wv, kvdim * H));
+    KV_ASSIGN_OR_RETURN(l.wo, put_matrix(w.wo, H * qdim));
+    KV_ASSIGN_OR_RETURN(l.w_gate, put_matrix(w.w_gate, inter * H));
+    KV_ASSIGN_OR_RETURN(l.w_up, put_matrix(w.w_up, inter * H));
+    KV_ASSIGN_OR_RETURN(l.w_down, put_matrix(w.w_down, H * inter));
+    KV_ASSIGN_OR_RETURN(l.attn_norm, put_float(w.attn_norm, H));
+    KV_ASSIGN_OR_RETURN(l.ffn_norm, put_float(w.ffn_norm, H));
+    KV_ASSIGN_OR_RETURN(l.bq, put_float(w.bq, qdim));
+    KV_ASSIGN_OR_RETURN(l.bk, put_float(w.bk, kvdim));
+    KV_ASSIGN_OR_RETURN(l.bv, put_float(w.bv, kvdim));
+    KV_ASSIGN_OR_RETURN(l.q_norm, put_float(w.q_norm, d));
+    KV_ASSIGN_OR_RETURN(l.k_norm, put_float(w.k_norm, d));
+    layers_.push_back(l);
+  }
+  const int64_t per = int64_t{cfg_.num_layers} * cfg_.num_kv_heads * d * d;
+  if (!rot_.identity) {
+    KV_CUDA_RETURN_IF_ERROR(rotations_.Allocate(static_cast<size_t>(per) * 2 * 4),
+                            "cudaMalloc (rotations)");
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpy(rotations_.as<float>(), rot_.k_rotation.data(), per * 4,
+                                       cudaMemcpyHostToDevice),
+                            "cudaMemcpy (rotations)");
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpy(rotations_.as<float>() + per, rot_.v_rotation.data(),
+                                       per * 4, cudaMemcpyHostToDevice),
+                            "cudaMemcpy (rotations)");
+  }
+  // Clips as DemotePages wants them: [layers][2][kv_heads].
+  std::vector<float> clips(static_cast<size_t>(cfg_.num_layers) * 2 * cfg_.num_kv_heads, 1.0f);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+      clips[(l * 2 + 0) * cfg_.num_kv_heads + h] = rot_.key_clip(l, h);
+      clips[(l * 2 + 1) * cfg_.num_kv_heads + h] = rot_.value_clip(l, h);
+    }
+  }
+  KV_CUDA_RETURN_IF_ERROR(clips_.Allocate(clips.size() * 4), "cudaMalloc (clips)");
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(clips_.as<float>(), clips.data(), clips.size() * 4, cudaMemcpyHostToDevice),
+      "cudaMemcpy (clips)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllocateActivations() {
+  const int64_t T = options_.max_step_tokens, H = cfg_.hidden_size, d = cfg_.head_dim;
+  // Logits for every item, or every position of passes of up to 512 tokens (evaluation).
+  max_logit_rows_ = static_cast<int>(std::max<int64_t>(options_.max_items, std::min<int64_t>(T, 512)));
+  const int64_t qdim = int64_t{cfg_.num_heads} * d, kvdim = int64_t{cfg_.num_kv_heads} * d;
+  const int64_t inter = cfg_.intermediate_size;
+  struct {
+    DeviceBuffer* b;
+    int64_t bytes;
+  } buffers[] = {{&x_, T * H * 4},          {&hn_, T * H * 4},         {&q_, T * qdim * 4},
+                 {&k_, T * kvdim * 4},      {&v_, T * kvdim * 4},      {&qr_, T * qdim * 4},
+                 {&attn_, T * qdim * 4},    {&o_, T * qdim * 4},       {&o_half_, T * qdim * 4},
+                 {&gate_, T * inter * 4},   {&up_, T * inter * 4},     {&act_, T * inter * 4},
+                 {&cos_, T * d / 2 * 4},    {&sin_, T * d / 2 * 4},    {&decode_q_, T * qdim * 4},
+                 {&decode_q_half_, T * qdim * 2}, {&decode_out_, T * qdim * 4},
+                 {&final_rows_, T * H * 4}, {&final_half_, T * H * 4},
+                 {&logits_, int64_t{max_logit_rows_} * cfg_.vocab_size * 4}};
+  for (auto& [b, bytes] : buffers) {
+    if (cudaError_t e = b->Allocate(static_cast<size_t>(bytes)); e != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda:", device_, ": cannot allocate the activations for ", T,
+          " tokens per step (scheduler.max_step_tokens): ", cudaGetErrorString(e)));
+    }
+  }
+  // The split decode workspace for the largest plan: every item a decode, every page history.
+  const kernels::KvGeometry& g = cache_->geometry();
+  const int64_t max_pages = (cfg_.max_context + g.page_tokens - 1) / g.page_tokens;
+  const int64_t window = cache_->options().layout.sink_tokens / g.page_tokens +
+                         (cache_->options().layout.recent_tokens + g.page_tokens - 1) /
+                             g.page_tokens +
+                         2;
+  const int64_t rows = int64_t{options_.max_items} * cfg_.num_kv_heads *
+                       (window + std::min<int64_t>(max_pages, 512)) * 8;
+  max_split_workspace_ = rows * d * 4 + rows * 4;
+  KV_CUDA_RETURN_IF_ERROR(split_workspace_.Allocate(static_cast<size_t>(max_split_workspace_)),
+                          "cudaMalloc (split decode workspace)");
+  // Metadata: per token 4 ints, per item and page a few more; sized generously.
+  pinned_bytes_ = static_cast<size_t>(
+      (T * 8 + int64_t{options_.max_items} * (max_pages * 6 + 64)) * 4 + 4096);
+  KV_CUDA_RETURN_IF_ERROR(metadata_.Allocate(pinned_bytes_), "cudaMalloc (metadata)");
+  KV_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned_, pinned_bytes_), "cudaMallocHost");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
+                               bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType_t t = type_ == GemmType::kBf16   ? CUDA_R_16BF
+                           : type_ == GemmType::kFp16 ? CUDA_R_16F
+                                                      : CUDA_R_32F;
+  KV_CUBLAS_RETURN_IF_ERROR(
+      cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, t, in, x, t, in,
+                   &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
+                                  std::vector<float>* logits, ForwardObserver* observer) {
+  if (observer != nullptr) {
+    return absl::UnimplementedError(
+        "the CUDA backend does not observe the forward pass; calibrate and evaluate on the CPU");
+  }
+  const kernels::KvGeometry& geo = cache_->geometry();
+  const int P = geo.page_tokens;
+  int T = 0;
+  std::vector<int> offset(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ForwardItem& it = batch[i];
+    if (it.n <= 0) return absl::InvalidArgumentError("forward item with no tokens");
+    if (it.pos0 != it.seq->num_tokens ||
+        static_cast<int64_t>(it.seq->tokens.size()) < it.pos0 + it.n) {
+      return absl::InternalError(
+          absl::StrCat("forward item ", i, " does not continue its sequence"));
+    }
+    for (int t = 0; t < it.n; ++t) {
+      const int32_t token = it.seq->tokens[it.pos0 + t];
+      if (token < 0 || token >= cfg_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", token, " at position ",
+                                                       it.pos0 + t, " is outside the vocabulary"));
+      }
+    }
+    offset[i] = T;
+    T += it.n;
+  }
+  if (T > options_.max_step_tokens || static_cast<int>(batch.size()) > options_.max_items) {
+    return absl::InternalError(absl::StrCat("a forward pass of ", T, " tokens and ", batch.size(),
+                                            " items exceeds the CUDA backend's buffers (",
+                                            options_.max_step_tokens, " tokens, ",
+                                            options_.max_items, " items)"));
+  }
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
+  for (const ForwardItem& it : batch) {
+    KV_RETURN_IF_ERROR(cache_->BeginAppend(*it.seq, it.pos0 + it.n));
+  }
+
+  // The pass's arrays, on the host.
+  const bool split = cache_->split();
+  const int64_t sink_pages = cache_->options().layout.sink_tokens / P;
+  std::vector<int32_t> ids, positions, append_slot, append_row, demote_src, demote_dst;
+  std::vector<int32_t> c_offset, c_len, c_pos0, c_indptr{0}, c_bf16, c_int2;
+  std::vector<int32_t> d_rows, seg_indptr[3], seg_indices[3], seg_last[3];
+  for (int s = 0; s < 3; ++s) seg_indptr[s].push_back(0);
+  std::vector<int32_t> logit_rows;
+  int max_len = 0, max_history = 0, max_window = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ForwardItem& it = batch[i];
+    const SequenceKv& seq = *it.seq;
+    const int64_t end = it.pos0 + it.n;
+    for (int t = 0; t < it.n; ++t) {
+      const int64_t pos = it.pos0 + t;
+      ids.push_back(seq.tokens[pos]);
+      positions.push_back(static_cast<int32_t>(pos));
+      append_slot.push_back(seq.bf16_slot[pos / P]);
+      append_row.push_back(static_cast<int32_t>(pos % P));
+    }
+    for (int64_t p = std::max(sink_pages, cache_->DemotedPagesEnd(it.pos0));
+         p < cache_->DemotedPagesEnd(end); ++p) {
+      demote_src.push_back(seq.bf16_slot[p]);
+      demote_dst.push_back(seq.int2_slot[p]);
+    }
+    const int64_t pages = (end + P - 1) / P;
+    if (split && it.n == 1) {
+      // Split decode: the sink, the history and the recent window of the one query at end - 1.
+      d_rows.push_back(offset[i]);
+      const int64_t sink_end = std::min<int64_t>(sink_pages, pages);
+      const int64_t hist_end = std::max(sink_end, cache_->DemotedPagesEnd(end));
+      auto last_len = [&](int64_t page_end) {
+        return static_cast<int32_t>(std::min<int64_t>(P, end - (page_end - 1) * P));
+      };
+      for (int64_t p = 0; p < sink_end; ++p) seg_indices[0].push_back(seq.bf16_slot[p]);
+      seg_last[0].push_back(sink_end > 0 ? last_len(sink_end) : P);
+      for (int64_t p = sink_end; p < hist_end; ++p) seg_indices[1].push_back(seq.int2_slot[p]);
+      seg_last[1].push_back(P);
+      for (int64_t p = hist_end; p < pages; ++p) seg_indices[2].push_back(seq.bf16_slot[p]);
+      seg_last[2].push_back(pages > hist_end ? last_len(pages) : P);
+      for (int s = 0; s < 3; ++s) {
+        seg_indptr[s].push_back(static_cast<int32_t>(seg_indices[s].size()));
+      }
+      max_history = std::max<int>(max_history, static_cast<int>(hist_end - sink_end));
+      max_window = std::max<int>(max_window, static_cast<int>(sink_end + pages - hist_end));
+    } else {
+      c_offset.push_back(offset[i]);
+      c_len.push_back(it.n);
+      c_pos0.push_back(static_cast<int32_t>(it.pos0));
+      for (int64_t p = 0; p < pages; ++p) {
+        c_bf16.push_back(p < static_cast<int64_t>(seq.bf16_slot.size()) ? seq.bf16_slot[p] : -1);
+        c_int2.push_back(p < static_cast<int64_t>(seq.int2_slot.size()) ? seq.int2_slot[p] : -1);
+      }
+      c_indptr.push_back(static_cast<int32_t>(c_bf16.size()));
+      max_len = std::max(max_len, it.n);
+    }
+    if (it.all_logits) {
+      for (int t = 0; t < it.n; ++t) logit_rows.push_back(offset[i] + t);
+    } else {
+      logit_rows.push_back(offset[i] + it.n - 1);
+    }
+  }
+  meta_.Clear();
+  const int64_t o_ids = meta_.Add(ids), o_pos = meta_.Add(positions);
+  const int64_t o_aslot = meta_.Add(append_slot), o_arow = meta_.Add(append_row);
+  const int64_t o_dsrc = meta_.Add(demote_src), o_ddst = meta_.Add(demote_dst);
+  const int64_t o_coff = meta_.Add(c_offset), o_clen = meta_.Add(c_len);
+  const int64_t o_cpos = meta_.Add(c_pos0), o_cptr = meta_.Add(c_indptr);
+  const int64_t o_cbf = meta_.Add(c_bf16), o_ci2 = meta_.Add(c_int2);
+  const int64_t o_drows = meta_.Add(d_rows), o_logit = meta_.Add(logit_rows);
+  int64_t o_seg[3][3];
+  for (int s = 0; s < 3; ++s) {
+    o_seg[s][0] = meta_.Add(seg_indptr[s]);
+    o_seg[s][1] = meta_.Add(seg_indices[s]);
+    o_seg[s][2] = meta_.Add(seg_last[s]);
+  }
+  if (meta_.bytes().size() > pinned_bytes_) {
+    return absl::InternalError(absl::StrCat("forward metadata of ", meta_.bytes().size(),
+                                            " bytes exceeds the staging buffer"));
+  }
+  std::memcpy(pinned_, meta_.bytes().data(), meta_.bytes().size());
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(metadata_.as<uint8_t>(), pinned_, meta_.bytes().size(),
+                                          cudaMemcpyHostToDevice, stream_),
+                          "cudaMemcpyAsync (metadata)");
+  const uint8_t* dm = metadata_.as<uint8_t>();
+  auto dev = [&](int64_t at) { return reinterpret_cast<const int32_t*>(dm + at); };
+
+  Plan plan;
+  plan.tokens = T;
+  plan.ids = dev(o_ids);
+  plan.positions = dev(o_pos);
+  plan.append_slot = dev(o_aslot);
+  plan.append_row = dev(o_arow);
+  plan.demote_pages = static_cast<int>(demote_src.size());
+  plan.demote_src = dev(o_dsrc);
+  plan.demote_dst = dev(o_ddst);
+  kernels::ChunkAttentionParams& c = plan.chunk;
+  c.q = qr_.as<float>();
+  c.out = attn_.as<float>();
+  c.num_q_heads = cfg_.num_heads;
+  c.sm_scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+  c.geometry = geo;
+  c.num_items = static_cast<int>(c_len.size());
+  c.max_len = max_len;
+  c.q_offset = dev(o_coff);
+  c.len = dev(o_clen);
+  c.pos0 = dev(o_cpos);
+  c.page_indptr = dev(o_cptr);
+  c.bf16_slot = dev(o_cbf);
+  c.int2_slot = dev(o_ci2);
+  c.bf16_pool = cache_->bf16_pool().base();
+  c.bf16_stride = cache_->bf16_pool().slot_bytes();
+  if (split) {
+    c.int2_pool = cache_->int2_pool()->base();
+    c.int2_stride = cache_->int2_pool()->slot_bytes();
+  }
+  c.int2_encoding = cache_->int2_encoding();
+  c.split = split;
+  c.sink_pages = static_cast<int>(sink_pages);
+  c.recent_tokens = cache_->options().layout.recent_tokens;
+  plan.decode_items = static_cast<int>(d_rows.size());
+  plan.decode_rows = dev(o_drows);
+  if (plan.decode_items > 0) {
+    kernels::SplitDecodeCudaParams& d = plan.decode;
+    d.q = decode_q_half_.as<uint16_t>();
+    d.batch = plan.decode_items;
+    d.num_q_heads = cfg_.num_heads;
+    d.sm_scale = c.sm_scale;
+    d.geometry = geo;
+    const kernels::PageEncoding encodings[3] = {kernels::PageEncoding::kBf16,
+                                                cache_->int2_encoding(),
+                                                kernels::PageEncoding::kBf16};
+    for (int s = 0; s < 3; ++s) {
+      kernels::PagedSegmentView& v = d.segments[s];
+      const PagePool& pool = s == 1 ? *cache_->int2_pool() : cache_->bf16_pool();
+      v.pool = pool.base();
+      v.slot_stride = pool.slot_bytes();
+      v.indptr = dev(o_seg[s][0]);
+      v.indices = dev(o_seg[s][1]);
+      v.last_page_len = dev(o_seg[s][2]);
+      v.encoding = encodings[s];
+    }
+    d.out = decode_out_.as<float>();
+    d.lse = nullptr;
+    plan.decode_plan = kernels::PlanSplitDecode(plan.decode_items, cfg_.num_kv_heads,
+                                                cfg_.head_dim, max_history, max_window, num_sms_,
+                                                decode_ctas_per_sm_);
+    if (plan.decode_plan.workspace_bytes > max_split_workspace_) {
+      return absl::InternalError("split decode workspace too small for this batch");
+    }
+  }
+  plan.logit_rows = static_cast<int>(logit_rows.size());
+  if (plan.logit_rows > max_logit_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a forward pass asking for ", plan.logit_rows, " rows of logits; the CUDA backend returns "
+        "at most ", max_logit_rows_, " (evaluate all positions in chunks of at most 512 tokens)"));
+  }
+  plan.logit_row_ids = dev(o_logit);
+
+  // The pass.
+  const int H = cfg_.hidden_size;
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream_), "cudaEventRecord");
+  KV_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(embedding_, type_,
+                                                   cfg_.vocab_size, H, plan.ids, T,
+                                                   x_.as<float>(), stream_),
+                          "EmbeddingGather");
+  KV_CUDA_RETURN_IF_ERROR(kernels::RopeTables(plan.positions, T, cfg_.head_dim, cfg_.rope_theta,
+                                              cos_.as<float>(), sin_.as<float>(), stream_),
+                          "RopeTables");
+  for (int layer = 0; layer < cfg_.num_layers; ++layer) KV_RETURN_IF_ERROR(Layer(layer, plan));
+
+  // Logits of the requested rows.
+  const int R = plan.logit_rows;
+  KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(x_.as<float>(), H, plan.logit_row_ids, R,
+                                              final_rows_.as<float>(), stream_),
+                          "GatherRows");
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(final_rows_.as<float>(), H, R, H, output_norm_,
+                                             cfg_.rms_norm_eps, final_half_.as<void>(), type_,
+                                             stream_),
+                          "RmsNormTo");
+  KV_RETURN_IF_ERROR(Gemm(final_half_.as<void>(), R, H, lm_head_, cfg_.vocab_size,
+                          logits_.as<float>(), /*accumulate=*/false));
+  logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.as<float>(),
+                                          logits->size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                          stream_),
+                          "cudaMemcpyAsync (logits)");
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the forward pass");
+  float ms = 0.0f;
+  KV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+  timing_.device_seconds = ms * 1e-3;
+  for (const ForwardItem& it : batch) {
+    KV_RETURN_IF_ERROR(cache_->EndAppend(*it.seq, it.pos0 + it.n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
+  const LayerDeviceWeights& w = layers_[layer];
+  const int T = plan.tokens, H = cfg_.hidden_size, d = cfg_.head_dim;
+  const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, group = nh / nkv;
+  const int qdim = nh * d, kvdim = nkv * d, inter = cfg_.intermediate_size;
+  const GemmType ht = type_;
+  const float eps = cfg_.rms_norm_eps;
+  const kernels::KvGeometry& geo = cache_->geometry();
+
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.attn_norm, eps,
+                                             hn_.as<void>(), ht, stream_),
+                          "RmsNormTo");
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim, q_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wk, kvdim, k_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wv, kvdim, v_.as<float>(), false));
+  if (w.bq) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(q_.as<float>(), T, qdim, w.bq, stream_), "AddBias");
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(k_.as<float>(), T, kvdim, w.bk, stream_), "AddBias");
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(v_.as<float>(), T, kvdim, w.bv, stream_), "AddBias");
+  }
+  if (cfg_.qk_norm) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(q_.as<float>(), T * nh, d, w.q_norm, eps,
+                                                    stream_),
+                            "RmsNormInPlace");
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(k_.as<float>(), T * nkv, d, w.k_norm, eps,
+                                                    stream_),
+                            "RmsNormInPlace");
+  }
+  const bool interleaved = cfg_.rope_layout == model::RopeLayout::kInterleaved;
+  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(q_.as<float>(), T, nh, d, cos_.as<float>(),
+                                             sin_.as<float>(), interleaved, stream_),
+                          "ApplyRope");
+  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(k_.as<float>(), T, nkv, d, cos_.as<float>(),
+                                             sin_.as<float>(), interleaved, stream_),
+                          "ApplyRope");
+  const int64_t per_layer = int64_t{nkv} * d * d;
+  const int64_t all_layers = int64_t{cfg_.num_layers} * per_layer;
+  const float* rk = rot_.identity ? nullptr : rotations_.as<float>() + layer * per_layer;
+  const float* rv =
+      rot_.identity ? nullptr : rotations_.as<float>() + all_layers + layer * per_layer;
+  // q·R_K of its KV head.
+  const float* qr = q_.as<float>();
+  if (rk) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeads(q_.as<float>(), T, nh, d, rk, group,
+                                                 /*transpose=*/false, qr_.as<float>(), stream_),
+                            "RotateHeads");
+    qr = qr_.as<float>();
+  }
+  // This layer's K'/V' into the BF16 pages: the launch sees one layer (its pools offset to it).
+  kernels::KvGeometry one_layer = geo;
+  one_layer.num_layers = 1;
+  const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
+  {
+    kernels::AppendParams a;
+    a.k_f32 = k_.as<float>();
+    a.v_f32 = v_.as<float>();
+    a.num_tokens = T;
+    a.k_rotation = rk;
+    a.v_rotation = rv;
+    a.slot = plan.append_slot;
+    a.row = plan.append_row;
+    a.bf16_pool = const_cast<uint8_t*>(cache_->bf16_pool().base()) + layer * 2 * nkv * bf16_block;
+    a.slot_stride = cache_->bf16_pool().slot_bytes();
+    a.geometry = one_layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::AppendRotatedRows(a, stream_), "AppendRotatedRows");
+  }
+  if (plan.demote_pages > 0) {
+    const int64_t int2_block = kernels::BlockBytes(geo, cache_->int2_encoding());
+    kernels::DemoteParams dp;
+    dp.bf16_pool = cache_->bf16_pool().base() + layer * 2 * nkv * bf16_block;
+    dp.bf16_stride = cache_->bf16_pool().slot_bytes();
+    dp.int2_pool = const_cast<uint8_t*>(cache_->int2_pool()->base()) + layer * 2 * nkv * int2_block;
+    dp.int2_stride = cache_->int2_pool()->slot_bytes();
+    dp.src_slot = plan.demote_src;
+    dp.dst_slot = plan.demote_dst;
+    dp.num_pages = plan.demote_pages;
+    dp.clip = clips_.as<float>() + layer * 2 * nkv;
+    dp.geometry = one_layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");
+  }
+  // Attention, in rotated value space, into attn_.
+  if (plan.chunk.num_items > 0) {
+    kernels::ChunkAttentionParams c = plan.chunk;
+    c.q = qr;
+    c.layer = layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::LaunchChunkAttention(c, stream_), "LaunchChunkAttention");
+  }
+  if (plan.decode_items > 0) {
+    const int nd = plan.decode_items;
+    KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(qr, qdim, plan.decode_rows, nd,
+                                                decode_q_.as<float>(), stream_),
+                            "GatherRows");
+    KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(decode_q_.as<float>(), int64_t{nd} * qdim,
+                                                  decode_q_half_.as<void>(), GemmType::kBf16,
+                                                  stream_),
+                            "ConvertFloat");
+    kernels::SplitDecodeCudaParams dpar = plan.decode;
+    dpar.layer = layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::LaunchSplitDecode(dpar, plan.decode_plan,
+                                                       split_workspace_.as<void>(), stream_),
+                            "LaunchSplitDecode");
+    KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRows(decode_out_.as<float>(), qdim, plan.decode_rows,
+                                                 nd, attn_.as<float>(), stream_),
+                            "ScatterRows");
+  }
+  // Back from rotated value space, o = o'·R_Vᵀ, then x += o·Woᵀ.
+  const float* o = attn_.as<float>();
+  if (rv) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeads(attn_.as<float>(), T, nh, d, rv, group,
+                                                 /*transpose=*/true, o_.as<float>(), stream_),
+                            "RotateHeads");
+    o = o_.as<float>();
+  }
+  KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(o, int64_t{T} * qdim, o_half_.as<void>(), ht,
+                                                stream_),
+                          "ConvertFloat");
+  KV_RETURN_IF_ERROR(Gemm(o_half_.as<void>(), T, qdim, w.wo, H, x_.as<float>(), true));
+  // MLP.
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.ffn_norm, eps,
+                                             hn_.as<void>(), ht, stream_),
+                          "RmsNormTo");
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, inter, gate_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_up, inter, up_.as<float>(), false));
+  KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), up_.as<float>(), T, inter,
+                                            act_.as<void>(), ht, stream_),
+                          "SwiGluTo");
+  KV_RETURN_IF_ERROR(Gemm(act_.as<void>(), T, inter, w.w_down, H, x_.as<float>(), true));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DescribeCudaDevice(int device) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device is usable here (", cudaGetErrorString(e), ")"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::UnavailableError(
+        absl::StrCat("cuda:", device, " does not exist (this machine has ", count,
+                     count == 1 ? " CUDA device)" : " CUDA devices)"));
+  }
+  cudaDeviceProp prop;
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("cuda:", device, ": cudaGetDeviceProperties: ", cudaGetErrorString(e)));
+  }
+  return absl::StrFormat("cuda:%d (%s, %.0f GiB, compute %d.%d)", device, prop.name,
+                         static_cast<double>(prop.totalGlobalMem) / (1 << 30), prop.major,
+                         prop.minor);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedModel& model,
+                                                           const RotationSet& rotations,
+                                                           KvCache* cache,
+                                                           const CudaBackendOptions& options) {
+  KV_RETURN_IF_ERROR(DescribeCudaDevice(options.device).status());
+  if (cache->host_memory()) {
+    return absl::InvalidArgumentError(
+        "the CUDA backend needs the KV cache in device page memory (DevicePageMemoryAllocator)");
+  }
+  if (cache->options().format == KvCacheFormat::kInt2LloydMax ||
+      IsEvaluationFormat(cache->options().format)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA backend serves the bf16 and int2 KV formats, not ",
+        KvCacheFormatName(cache->options().format)));
+  }
+  const kernels::KvGeometry& g = cache->geometry();
+  if (cache->split() && g.group_size != g.head_dim) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA backend's INT2 kernels need kv_cache.group_size = head_dim (", g.head_dim,
+        "), not ", g.group_size));
+  }
+  if (g.head_dim != 64 && g.head_dim != 128) {
+    return absl::UnimplementedError(
+        absl::StrCat("unsupported head_dim=", g.head_dim, " on CUDA (64 or 128)"));
+  }
+  if (model.config.num_heads / model.config.num_kv_heads > 8) {
+    return absl::UnimplementedError("the CUDA decode kernel supports GQA groups of up to 8");
+  }
+  auto backend = std::make_unique<CudaBackend>(model, rotations, cache, options);
+  KV_RETURN_IF_ERROR(backend->Init());
+  return backend;
+}
+
+}  // namespace kvstrata::engine

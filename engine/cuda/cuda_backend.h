@@ -1,0 +1,45 @@
+#pragma once
+
+// The forward pass on one GPU, behind the same Backend seam as the CPU one (engine/backend.h),
+// with the CPU backend's math as its specification: weights in BF16, FP16 or fp32 on the device
+// (GpuWeights), GEMMs through cuBLAS (fp32 accumulation and output), the residual
+// stream in fp32, the KV cache in device page memory (engine/cuda/device_page_memory.h) written
+// by the append and demotion kernels and read by the chunk attention (prefill, and every BF16
+// attention) and split decode (INT2 decode) kernels of kernels/cuda/.
+//
+// Logits come back to the host for the engine's sampler, so sampling is the CPU's, bit for bit
+// (docs/engine.md measures what that copy costs). No allocation per step: every buffer is sized
+// at creation for `max_step_tokens` tokens and `max_items` items.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/rotations.h"
+#include "model/model.h"
+
+namespace kvstrata::engine {
+
+struct CudaBackendOptions {
+  int device = 0;
+  // The type of the weights and of the GEMM activations (EngineOptions::gpu_weights).
+  GpuWeights weights = GpuWeights::kAuto;
+  int max_step_tokens = 512;  // tokens of one forward pass (SchedulerOptions::max_step_tokens)
+  int max_items = 16;         // sequences of one forward pass (max_running plus prefills)
+};
+
+// What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there
+// is none (no driver, no device, or the index is out of range), naming what is missing.
+absl::StatusOr<std::string> DescribeCudaDevice(int device);
+
+// `model`, `rotations` and `cache` must outlive the backend; the cache must live in device page
+// memory on options.device. Errors name the CUDA call and the device; an out-of-memory names
+// the weights' size.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedModel& model,
+                                                           const RotationSet& rotations,
+                                                           KvCache* cache,
+                                                           const CudaBackendOptions& options);
+
+}  // namespace kvstrata::engine

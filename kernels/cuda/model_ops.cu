@@ -1,0 +1,287 @@
+#include "kernels/cuda/model_ops.h"
+
+#include <cmath>
+
+#include "kernels/numeric.h"
+
+namespace kvstrata::kernels {
+
+namespace {
+
+// Element i of an array of `type`.
+__device__ __forceinline__ void Store(void* out, int64_t i, float f, GemmType type) {
+  switch (type) {
+    case GemmType::kBf16:
+      static_cast<uint16_t*>(out)[i] = FloatToBf16(f);
+      break;
+    case GemmType::kFp16:
+      static_cast<uint16_t*>(out)[i] = FloatToFp16(f);
+      break;
+    case GemmType::kFp32:
+      static_cast<float*>(out)[i] = f;
+      break;
+  }
+}
+
+__device__ __forceinline__ float Load(const void* in, int64_t i, GemmType type) {
+  switch (type) {
+    case GemmType::kBf16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(in)[i]);
+    case GemmType::kFp16:
+      return Fp16ToFloat(static_cast<const uint16_t*>(in)[i]);
+    case GemmType::kFp32:
+      break;
+  }
+  return static_cast<const float*>(in)[i];
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? partial[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+constexpr int kRowThreads = 256;
+
+__global__ void EmbeddingKernel(const void* table, GemmType type, int vocab, int hidden,
+                                const int32_t* ids, float* out) {
+  const int t = blockIdx.x;
+  const int id = ids[t];
+  float* dst = out + int64_t{t} * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    dst[i] = id >= 0 && id < vocab ? Load(table, int64_t{id} * hidden + i, type) : 0.0f;
+  }
+}
+
+__global__ void RmsNormToKernel(const float* x, int64_t x_stride, int dim, const float* weight,
+                                float eps, void* y, GemmType type) {
+  const float* xr = x + blockIdx.x * x_stride;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = BlockSum(ss);
+  const float inv = rsqrtf(ss / dim + eps);
+  const int64_t y0 = int64_t{blockIdx.x} * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) Store(y, y0 + i, xr[i] * inv * weight[i], type);
+}
+
+// One warp per row of head_dim <= 256 values.
+__global__ void RmsNormInPlaceKernel(float* x, int rows, int dim, const float* weight, float eps) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  float* xr = x + int64_t{row} * dim;
+  float ss = 0.0f;
+  for (int i = lane; i < dim; i += 32) ss += xr[i] * xr[i];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = rsqrtf(ss / dim + eps);
+  for (int i = lane; i < dim; i += 32) xr[i] = xr[i] * inv * weight[i];
+}
+
+__global__ void AddBiasKernel(float* y, int64_t n, int cols, const float* bias) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] += bias[i % cols];
+  }
+}
+
+__global__ void RopeTablesKernel(const int32_t* positions, int tokens, int half, int head_dim,
+                                 float theta, float* cos_out, float* sin_out) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= int64_t{tokens} * half) return;
+  const int t = static_cast<int>(i / half), f = static_cast<int>(i % half);
+  // As the CPU: the frequency in float, the angle and its cosine and sine in double.
+  const float inv_freq = static_cast<float>(pow(double{theta}, -2.0 * f / head_dim));
+  const double angle = static_cast<double>(positions[t]) * inv_freq;
+  cos_out[i] = static_cast<float>(cos(angle));
+  sin_out[i] = static_cast<float>(sin(angle));
+}
+
+__global__ void RopeKernel(float* x, int tokens, int heads, int head_dim, const float* cos_t,
+                           const float* sin_t, bool interleaved) {
+  const int half = head_dim / 2;
+  const int64_t n = int64_t{tokens} * heads * half;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int f = static_cast<int>(i % half);
+    const int64_t th = i / half;  // token * heads + head
+    const int t = static_cast<int>(th / heads);
+    float* v = x + th * head_dim;
+    float* a = interleaved ? v + 2 * f : v + f;
+    float* b = interleaved ? v + 2 * f + 1 : v + f + half;
+    const float c = cos_t[int64_t{t} * half + f], s = sin_t[int64_t{t} * half + f];
+    const float x0 = *a, x1 = *b;
+    *a = x0 * c - x1 * s;
+    *b = x0 * s + x1 * c;
+  }
+}
+
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, void* out,
+                             GemmType type) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = gate[i];
+    Store(out, i, g / (1.0f + expf(-g)) * up[i], type);
+  }
+}
+
+__global__ void ConvertFloatKernel(const float* in, int64_t n, void* out, GemmType type) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    Store(out, i, in[i], type);
+  }
+}
+
+// One CTA per (row tile, head): threads over output channels, the rows of the tile staged in
+// shared memory; R is read through the cache (it is reused by every row).
+constexpr int kRotateRows = 8;
+
+template <int D>
+__global__ void RotateHeadsKernel(const float* in, int rows, int heads, const float* R, int group,
+                                  bool transpose, float* out) {
+  const int h = blockIdx.y;
+  const int r0 = blockIdx.x * kRotateRows;
+  const int c = threadIdx.x;
+  const float* rot = R + int64_t{h / group} * D * D;
+  __shared__ float x[kRotateRows][D];
+  const int n = min(kRotateRows, rows - r0);
+  for (int r = 0; r < n; ++r) x[r][c] = in[(int64_t{r0 + r} * heads + h) * D + c];
+  __syncthreads();
+  float acc[kRotateRows];
+#pragma unroll
+  for (int r = 0; r < kRotateRows; ++r) acc[r] = 0.0f;
+  for (int i = 0; i < D; ++i) {
+    // y[c] = Σ_i x[i] R[i][c], or Σ_i x[i] R[c][i] for Rᵀ.
+    const float w = transpose ? __ldg(rot + int64_t{c} * D + i) : __ldg(rot + int64_t{i} * D + c);
+#pragma unroll
+    for (int r = 0; r < kRotateRows; ++r) acc[r] = fmaf(x[r][i], w, acc[r]);
+  }
+  for (int r = 0; r < n; ++r) out[(int64_t{r0 + r} * heads + h) * D + c] = acc[r];
+}
+
+__global__ void GatherRowsKernel(const float* in, int cols, const int32_t* row_ids, float* out) {
+  const int r = blockIdx.x;
+  const float* src = in + int64_t{row_ids[r]} * cols;
+  float* dst = out + int64_t{r} * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void ScatterRowsKernel(const float* in, int cols, const int32_t* row_ids, float* out) {
+  const int r = blockIdx.x;
+  const float* src = in + int64_t{r} * cols;
+  float* dst = out + int64_t{row_ids[r]} * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
+}
+
+unsigned GridFor(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+}  // namespace
+
+cudaError_t EmbeddingGather(const void* table, GemmType type, int vocab, int hidden,
+                            const int32_t* ids, int tokens, float* out, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  EmbeddingKernel<<<tokens, kRowThreads, 0, stream>>>(table, type, vocab, hidden, ids, out);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormTo(const float* x, int64_t x_stride, int rows, int dim, const float* weight,
+                      float eps, void* y, GemmType type, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  RmsNormToKernel<<<rows, kRowThreads, 0, stream>>>(x, x_stride, dim, weight, eps, y, type);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormInPlace(float* x, int rows, int dim, const float* weight, float eps,
+                           cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  constexpr int kWarpsPerBlock = 8;
+  RmsNormInPlaceKernel<<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0,
+                         stream>>>(x, rows, dim, weight, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t AddBias(float* y, int rows, int cols, const float* bias, cudaStream_t stream) {
+  const int64_t n = int64_t{rows} * cols;
+  if (n <= 0) return cudaSuccess;
+  AddBiasKernel<<<GridFor(n, 256), 256, 0, stream>>>(y, n, cols, bias);
+  return cudaGetLastError();
+}
+
+cudaError_t RopeTables(const int32_t* positions, int tokens, int head_dim, float theta,
+                       float* cos, float* sin, cudaStream_t stream) {
+  const int half = head_dim / 2;
+  const int64_t n = int64_t{tokens} * half;
+  if (n <= 0) return cudaSuccess;
+  RopeTablesKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      positions, tokens, half, head_dim, theta, cos, sin);
+  return cudaGetLastError();
+}
+
+cudaError_t ApplyRope(float* x, int tokens, int heads, int head_dim, const float* cos,
+                      const float* sin, bool interleaved, cudaStream_t stream) {
+  const int64_t n = int64_t{tokens} * heads * (head_dim / 2);
+  if (n <= 0) return cudaSuccess;
+  RopeKernel<<<GridFor(n, 256), 256, 0, stream>>>(x, tokens, heads, head_dim, cos, sin,
+                                                   interleaved);
+  return cudaGetLastError();
+}
+
+cudaError_t SwiGluTo(const float* gate, const float* up, int64_t rows, int cols, void* out,
+                     GemmType type, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return cudaSuccess;
+  SwiGluKernel<<<GridFor(n, 256), 256, 0, stream>>>(gate, up, n, out, type);
+  return cudaGetLastError();
+}
+
+cudaError_t ConvertFloat(const float* in, int64_t n, void* out, GemmType type,
+                         cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  ConvertFloatKernel<<<GridFor(n, 256), 256, 0, stream>>>(in, n, out, type);
+  return cudaGetLastError();
+}
+
+cudaError_t RotateHeads(const float* in, int rows, int heads, int head_dim, const float* R,
+                        int group, bool transpose, float* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (group <= 0 || heads % group != 0) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((rows + kRotateRows - 1) / kRotateRows),
+                  static_cast<unsigned>(heads));
+  switch (head_dim) {
+    case 64:
+      RotateHeadsKernel<64><<<grid, 64, 0, stream>>>(in, rows, heads, R, group, transpose, out);
+      break;
+    case 128:
+      RotateHeadsKernel<128><<<grid, 128, 0, stream>>>(in, rows, heads, R, group, transpose, out);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
+                       cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  GatherRowsKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
+                        cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  ScatterRowsKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out);
+  return cudaGetLastError();
+}
+
+}  // namespace kvstrata::kernels

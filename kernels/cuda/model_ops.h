@@ -1,0 +1,69 @@
+#pragma once
+
+// The element-wise and small per-head operations of the forward pass on the GPU (the GEMMs are
+// cuBLAS's). Each has its CPU specification in engine/cpu_backend.cc, which the GPU tests compare
+// against: the residual stream stays fp32 as there, and GEMM operands are stored in the weights'
+// type (BF16, FP16, or fp32 as on the CPU).
+//
+// Shapes in brackets; every pointer is device memory; every launcher returns the launch error.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvstrata::kernels {
+
+// The type GEMM operands (weights and the activations multiplied by them) are stored in.
+enum class GemmType { kBf16, kFp16, kFp32 };
+inline int GemmTypeBytes(GemmType t) { return t == GemmType::kFp32 ? 4 : 2; }
+
+// out fp32 [tokens][hidden] = table (of `type`) [vocab][hidden] rows of ids [tokens]. Ids outside
+// [0, vocab) give zero rows (the caller validates ids first).
+cudaError_t EmbeddingGather(const void* table, GemmType type, int vocab, int hidden,
+                            const int32_t* ids, int tokens, float* out, cudaStream_t stream);
+
+// y [rows][dim] (of `type`) = x / rms(x) · weight, x fp32 [rows][dim] (row stride x_stride
+// floats), weight fp32 [dim]. The mean of squares is accumulated in fp32.
+cudaError_t RmsNormTo(const float* x, int64_t x_stride, int rows, int dim, const float* weight,
+                      float eps, void* y, GemmType type, cudaStream_t stream);
+
+// In place on fp32 rows [rows][dim]: x = x / rms(x) · weight (Qwen3's q/k norm per head).
+cudaError_t RmsNormInPlace(float* x, int rows, int dim, const float* weight, float eps,
+                           cudaStream_t stream);
+
+// y fp32 [rows][cols] += bias fp32 [cols].
+cudaError_t AddBias(float* y, int rows, int cols, const float* bias, cudaStream_t stream);
+
+// cos, sin fp32 [tokens][head_dim / 2] of angle position · theta^(-2i / head_dim), computed in
+// double as the CPU does, from positions [tokens].
+cudaError_t RopeTables(const int32_t* positions, int tokens, int head_dim, float theta,
+                       float* cos, float* sin, cudaStream_t stream);
+
+// In place RoPE on x fp32 [tokens][heads][head_dim] with the tables above. interleaved: pairs
+// (2i, 2i + 1) (GGUF llama); otherwise (i, i + head_dim / 2) (Hugging Face).
+cudaError_t ApplyRope(float* x, int tokens, int heads, int head_dim, const float* cos,
+                      const float* sin, bool interleaved, cudaStream_t stream);
+
+// out [rows][cols] (of `type`) = silu(gate) · up, gate and up fp32 [rows][cols].
+cudaError_t SwiGluTo(const float* gate, const float* up, int64_t rows, int cols, void* out,
+                     GemmType type, cudaStream_t stream);
+
+// out [n] (of `type`: a rounding, or a copy for fp32) = in fp32 [n].
+cudaError_t ConvertFloat(const float* in, int64_t n, void* out, GemmType type,
+                         cudaStream_t stream);
+
+// out [rows][heads][d] = in [rows][heads][d] · R_(h / group) (or · R_(h / group)ᵀ when
+// transpose), R fp32 [heads / group][d][d]. In fp32; out may not alias in. Rows are the
+// tokens; q heads map to their KV head's rotation with group = q heads per KV head.
+cudaError_t RotateHeads(const float* in, int rows, int heads, int head_dim, const float* R,
+                        int group, bool transpose, float* out, cudaStream_t stream);
+
+// out fp32 [rows][cols] = in fp32 rows `row_ids` [rows] of a [*][cols] matrix.
+cudaError_t GatherRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
+                       cudaStream_t stream);
+
+// out fp32 rows `row_ids` [rows] of a [*][cols] matrix = in fp32 [rows][cols].
+cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
+                        cudaStream_t stream);
+
+}  // namespace kvstrata::kernels

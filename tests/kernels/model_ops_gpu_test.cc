@@ -1,0 +1,254 @@
+// GPU test: the forward pass's small kernels (kernels/cuda/model_ops.h) against plain CPU loops
+// written here the way engine/cpu_backend.cc computes them. Skips itself without a CUDA device.
+
+#include "kernels/cuda/model_ops.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/numeric.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace kvstrata::kernels {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng) * scale;
+  return v;
+}
+
+template <typename T>
+std::vector<T> FromDevice(const T* d, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// An array of `type` read back as floats.
+std::vector<float> ReadBack(const void* d, size_t n, GemmType type) {
+  std::vector<float> out(n);
+  if (type == GemmType::kFp32) {
+    EXPECT_EQ(cudaMemcpy(out.data(), d, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+  std::vector<uint16_t> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < n; ++i) out[i] = type == GemmType::kBf16 ? Bf16ToFloat(h[i]) : Fp16ToFloat(h[i]);
+  return out;
+}
+
+// One rounding to the type: 2^-8 relative for BF16, 2^-11 for FP16; fp32 to summation order.
+float Tolerance(GemmType type) {
+  return type == GemmType::kBf16 ? 4e-3f : type == GemmType::kFp16 ? 6e-4f : 1e-5f;
+}
+
+// |a - b| <= tol · max(1, |b|), elementwise.
+void ExpectNear(const std::vector<float>& a, const std::vector<float>& b, float tol,
+                const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(std::fabs(a[i] - b[i]) <= tol * std::max(1.0f, std::fabs(b[i])))) {
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(ModelOpsGpu, RmsNormEmbeddingSwiGluAndConversions) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (GemmType type : {GemmType::kBf16, GemmType::kFp16, GemmType::kFp32}) {
+    const int rows = 7, dim = 576;
+    const std::vector<float> x = Random(rows * dim, 1, 3.0f), w = Random(dim, 2);
+    std::vector<float> ref(rows * dim);
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += double{x[r * dim + i]} * x[r * dim + i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / dim + 1e-5));
+      for (int i = 0; i < dim; ++i) ref[r * dim + i] = x[r * dim + i] * inv * w[i];
+    }
+    float* dx = ToDevice(x);
+    float* dw = ToDevice(w);
+    void* dy = nullptr;
+    ASSERT_EQ(cudaMalloc(&dy, rows * dim * 4), cudaSuccess);
+    ASSERT_EQ(RmsNormTo(dx, dim, rows, dim, dw, 1e-5f, dy, type, nullptr), cudaSuccess);
+    ExpectNear(ReadBack(dy, rows * dim, type), ref, Tolerance(type), "RmsNormTo");
+
+    // In place per head, with fp32 output.
+    ASSERT_EQ(RmsNormInPlace(dx, rows * 9, 64, dw, 1e-5f, nullptr), cudaSuccess);
+    std::vector<float> ref2 = x;
+    for (int r = 0; r < rows * 9; ++r) {
+      double ss = 0;
+      for (int i = 0; i < 64; ++i) ss += double{x[r * 64 + i]} * x[r * 64 + i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / 64 + 1e-5));
+      for (int i = 0; i < 64; ++i) ref2[r * 64 + i] = x[r * 64 + i] * inv * w[i];
+    }
+    ExpectNear(FromDevice(dx, x.size()), ref2, 1e-5f, "RmsNormInPlace");
+
+    // Embedding rows, including an id outside the table (zeros).
+    const int vocab = 50, hidden = 96;
+    const std::vector<float> table = Random(vocab * hidden, 3);
+    std::vector<float> table_rounded;  // what the typed table holds
+    void* dtable = nullptr;
+    if (type == GemmType::kFp32) {
+      table_rounded = table;
+      dtable = ToDevice(table);
+    } else {
+      std::vector<uint16_t> h;
+      for (float f : table) h.push_back(type == GemmType::kBf16 ? FloatToBf16(f) : FloatToFp16(f));
+      for (uint16_t x : h) table_rounded.push_back(type == GemmType::kBf16 ? Bf16ToFloat(x) : Fp16ToFloat(x));
+      dtable = ToDevice(h);
+    }
+    const std::vector<int32_t> ids = {0, 49, 7, 7, 50};
+    int32_t* dids = ToDevice(ids);
+    float* demb = nullptr;
+    ASSERT_EQ(cudaMalloc(&demb, ids.size() * hidden * 4), cudaSuccess);
+    ASSERT_EQ(EmbeddingGather(dtable, type, vocab, hidden, dids, 5, demb, nullptr), cudaSuccess);
+    std::vector<float> ref3;
+    for (int32_t id : ids) {
+      for (int i = 0; i < hidden; ++i) ref3.push_back(id < vocab ? table_rounded[id * hidden + i] : 0.0f);
+    }
+    ExpectNear(FromDevice(demb, ref3.size()), ref3, 0.0f, "EmbeddingGather");
+
+    // SwiGLU into half.
+    const std::vector<float> gate = Random(rows * 100, 4, 2.0f), up = Random(rows * 100, 5);
+    float* dg = ToDevice(gate);
+    float* du = ToDevice(up);
+    void* dact = nullptr;
+    ASSERT_EQ(cudaMalloc(&dact, gate.size() * 4), cudaSuccess);
+    ASSERT_EQ(SwiGluTo(dg, du, rows, 100, dact, type, nullptr), cudaSuccess);
+    std::vector<float> ref4;
+    for (size_t i = 0; i < gate.size(); ++i) ref4.push_back(gate[i] / (1 + std::exp(-gate[i])) * up[i]);
+    ExpectNear(ReadBack(dact, gate.size(), type), ref4, Tolerance(type), "SwiGluTo");
+    for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw), dy, dtable,
+                    static_cast<void*>(dids), static_cast<void*>(demb), static_cast<void*>(dg),
+                    static_cast<void*>(du), dact}) {
+      cudaFree(p);
+    }
+  }
+}
+
+TEST(ModelOpsGpu, RopeBothLayoutsAndBias) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int d : {64, 128}) {
+    for (bool interleaved : {false, true}) {
+      const int tokens = 5, heads = 3;
+      const std::vector<int32_t> pos = {0, 1, 63, 4095, 131071};
+      std::vector<float> x = Random(tokens * heads * d, 6);
+      const float theta = 500000.0f;
+      std::vector<float> ref = x;
+      for (int t = 0; t < tokens; ++t) {
+        for (int h = 0; h < heads; ++h) {
+          float* v = ref.data() + (t * heads + h) * d;
+          for (int i = 0; i < d / 2; ++i) {
+            const float inv = static_cast<float>(std::pow(double{theta}, -2.0 * i / d));
+            const double angle = static_cast<double>(pos[t]) * inv;
+            const float c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+            float* a = interleaved ? v + 2 * i : v + i;
+            float* b = interleaved ? v + 2 * i + 1 : v + i + d / 2;
+            const float x0 = *a, x1 = *b;
+            *a = x0 * c - x1 * s;
+            *b = x0 * s + x1 * c;
+          }
+        }
+      }
+      int32_t* dpos = ToDevice(pos);
+      float* dx = ToDevice(x);
+      float *dcos = nullptr, *dsin = nullptr;
+      ASSERT_EQ(cudaMalloc(&dcos, tokens * d / 2 * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dsin, tokens * d / 2 * 4), cudaSuccess);
+      ASSERT_EQ(RopeTables(dpos, tokens, d, theta, dcos, dsin, nullptr), cudaSuccess);
+      ASSERT_EQ(ApplyRope(dx, tokens, heads, d, dcos, dsin, interleaved, nullptr), cudaSuccess);
+      ExpectNear(FromDevice(dx, x.size()), ref, 1e-5f, "ApplyRope");
+      const std::vector<float> bias = Random(heads * d, 7);
+      ASSERT_EQ(AddBias(dx, tokens, heads * d, ToDevice(bias), nullptr), cudaSuccess);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += bias[i % (heads * d)];
+      ExpectNear(FromDevice(dx, x.size()), ref, 1e-5f, "AddBias");
+      cudaFree(dpos);
+      cudaFree(dx);
+      cudaFree(dcos);
+      cudaFree(dsin);
+    }
+  }
+}
+
+TEST(ModelOpsGpu, RotateHeadsAndRowMoves) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int d : {64, 128}) {
+    for (int group : {1, 3, 4, 8}) {
+      const int kv = 2, heads = kv * group, rows = 13;
+      const std::vector<float> x = Random(rows * heads * d, 8), R = Random(kv * d * d, 9, 0.1f);
+      for (bool transpose : {false, true}) {
+        std::vector<float> ref(x.size());
+        for (int r = 0; r < rows; ++r) {
+          for (int h = 0; h < heads; ++h) {
+            const float* m = R.data() + (h / group) * d * d;
+            for (int c = 0; c < d; ++c) {
+              double acc = 0;
+              for (int i = 0; i < d; ++i) {
+                acc += double{x[(r * heads + h) * d + i]} * (transpose ? m[c * d + i] : m[i * d + c]);
+              }
+              ref[(r * heads + h) * d + c] = static_cast<float>(acc);
+            }
+          }
+        }
+        float* dx = ToDevice(x);
+        float* dR = ToDevice(R);
+        float* dout = nullptr;
+        ASSERT_EQ(cudaMalloc(&dout, x.size() * 4), cudaSuccess);
+        ASSERT_EQ(RotateHeads(dx, rows, heads, d, dR, group, transpose, dout, nullptr), cudaSuccess);
+        ExpectNear(FromDevice(dout, x.size()), ref, 1e-4f, "RotateHeads");
+        cudaFree(dx);
+        cudaFree(dR);
+        cudaFree(dout);
+      }
+    }
+  }
+  // Gather then scatter back is the identity on the rows chosen.
+  const std::vector<float> m = Random(10 * 33, 10);
+  const std::vector<int32_t> rows = {9, 0, 4};
+  float* dm = ToDevice(m);
+  int32_t* dr = ToDevice(rows);
+  float *dg = nullptr, *ds = nullptr;
+  ASSERT_EQ(cudaMalloc(&dg, rows.size() * 33 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, m.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ds, 0, m.size() * 4), cudaSuccess);
+  ASSERT_EQ(GatherRows(dm, 33, dr, 3, dg, nullptr), cudaSuccess);
+  ASSERT_EQ(ScatterRows(dg, 33, dr, 3, ds, nullptr), cudaSuccess);
+  const std::vector<float> back = FromDevice(ds, m.size());
+  for (int r = 0; r < 10; ++r) {
+    const bool chosen = r == 9 || r == 0 || r == 4;
+    for (int c = 0; c < 33; ++c) EXPECT_EQ(back[r * 33 + c], chosen ? m[r * 33 + c] : 0.0f);
+  }
+  // ConvertFloat rounds as the CPU conversions (and copies fp32).
+  std::vector<float> f = Random(1000, 11, 100.0f);
+  float* df = ToDevice(f);
+  uint16_t* dh = nullptr;
+  ASSERT_EQ(cudaMalloc(&dh, f.size() * 4), cudaSuccess);
+  for (GemmType t : {GemmType::kBf16, GemmType::kFp16}) {
+    ASSERT_EQ(ConvertFloat(df, static_cast<int64_t>(f.size()), dh, t, nullptr), cudaSuccess);
+    const std::vector<uint16_t> h = FromDevice(dh, f.size());
+    for (size_t i = 0; i < f.size(); ++i) {
+      EXPECT_EQ(h[i], t == GemmType::kBf16 ? FloatToBf16(f[i]) : FloatToFp16(f[i]));
+    }
+  }
+  ASSERT_EQ(ConvertFloat(df, static_cast<int64_t>(f.size()), dh, GemmType::kFp32, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(ReadBack(dh, f.size(), GemmType::kFp32), f);
+  cudaFree(dm);
+  cudaFree(dr);
+  cudaFree(dg);
+  cudaFree(ds);
+  cudaFree(df);
+  cudaFree(dh);
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels
