@@ -250,9 +250,17 @@ std::unique_ptr<MetricsServer> MetricsServer::Start(const MetricsRegistry* regis
   mg_callbacks callbacks{};
   callbacks.begin_request = BeginRequest;
   const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
-  mg_context* ctx = mg_start(&callbacks, server.get(), options);
+  mg_init_data init{};
+  init.callbacks = &callbacks;
+  init.user_data = server.get();
+  init.configuration_options = options;
+  char why[256] = {};
+  unsigned code = 0;
+  mg_error_data failure{&code, why, sizeof(why)};
+  mg_context* ctx = mg_start2(&init, &failure);
   if (!ctx) {
-    *error = absl::StrCat("cannot serve metrics on ", address, " (address in use or invalid)");
+    *error = absl::StrCat("cannot serve metrics on ", address, ": ",
+                          why[0] != '\0' ? why : "address in use or invalid");
     return nullptr;
   }
   server->context_ = ctx;

@@ -198,6 +198,18 @@ int Run(DecodeConfig config) {
     return 1;
   }
 
+  // The metrics endpoint first: a port that cannot be served is reported before the model loads.
+  MetricsRegistry registry;
+  std::unique_ptr<MetricsServer> metrics;
+  if (!config.metrics_listen.empty()) {
+    std::string error;
+    metrics = MetricsServer::Start(&registry, config.metrics_listen, &error);
+    if (metrics == nullptr) {
+      fprintf(stderr, "kvstrata-decode: --metrics_listen=%s: %s\n", config.metrics_listen.c_str(),
+              error.c_str());
+      return 1;
+    }
+  }
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Engine::Load(config.engine);
   if (!engine.ok()) {
     fprintf(stderr, "kvstrata-decode: loading --model=%s on --device=%s: %s\n",
@@ -209,19 +221,8 @@ int Run(DecodeConfig config) {
       (*engine)->config().name.empty() ? "default" : (*engine)->config().name;
   const std::string kv_format = (*engine)->KvFormatString();
   const std::string backend = (*engine)->backend().Describe();
-  MetricsRegistry registry;
   DecodeService service(*std::move(engine), config.service, &registry);
 
-  std::unique_ptr<MetricsServer> metrics;
-  if (!config.metrics_listen.empty()) {
-    std::string error;
-    metrics = MetricsServer::Start(&registry, config.metrics_listen, &error);
-    if (metrics == nullptr) {
-      fprintf(stderr, "kvstrata-decode: --metrics_listen=%s: %s\n", config.metrics_listen.c_str(),
-              error.c_str());
-      return 1;
-    }
-  }
   absl::StatusOr<std::unique_ptr<rpc::Server>> server =
       rpc::Server::Start({.listen_address = config.listen,
                           .services = {&service},
