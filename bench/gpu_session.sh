@@ -65,19 +65,28 @@ case $step in
     engine_cuda_gpu_test 2>&1 | tee "$out/engine_test.log" |
       grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|mean KL|identical|differs|cpu:|gpu:" || true
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    echo "== bench-engine --device cuda"
-    kvstrata bench-engine --device cuda --model "$KVSTRATA_MODEL" --kv-cache-mb 8192 \
-      --prompt-tokens 1024 --decode-tokens 64 --batch-sizes 1,8,32 --kv-formats bf16,int2 \
-      --json "$out/bench-engine-cuda.json" 2>&1 | tee "$out/bench_engine.log" |
-      grep -vE '^\s+("|\{|\}|\]|\[)' || status=1
+    for run in "auto graphs" "bf16 graphs" "auto launches"; do
+      set -- $run
+      echo "== bench-engine --device cuda --gpu-weights $1 ($2)"
+      kvstrata bench-engine --device cuda --gpu-weights "$1" --cuda-graphs="$([[ $2 == graphs ]] && echo true || echo false)" \
+        --model "$KVSTRATA_MODEL" --kv-cache-mb 8192 --prompt-tokens 1024 --decode-tokens 64 \
+        --batch-sizes 1,8,32 --kv-formats bf16,int2 --json "$out/bench-engine-cuda-$1-$2.json" \
+        2>&1 | tee "$out/bench_engine_$1_$2.log" | grep -vE '^\s*("|\{|\}|\]|\[)' || status=1
+    done
     echo "== a cluster serving from the GPU"
-    KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
-      KVSTRATA_MODEL="$KVSTRATA_MODEL" scripts/cluster.sh up >"$out/cluster.log" 2>&1 || {
+    # Ports away from the defaults, which that machine's own services may hold.
+    export KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
+      KVSTRATA_ROUTER_PORT=58070 KVSTRATA_ROUTER_METRICS_PORT=59470 KVSTRATA_DECODE0_PORT=58071 \
+      KVSTRATA_DECODE0_METRICS_PORT=59471 KVSTRATA_DECODE1_PORT=58072 \
+      KVSTRATA_DECODE1_METRICS_PORT=59472 KVSTRATA_KVSTORE_PORT=58061 \
+      KVSTRATA_KVSTORE_METRICS_PORT=59461
+    scripts/cluster.sh up >"$out/cluster.log" 2>&1 || {
         status=1
         tail -20 "$out/cluster.log"
       }
-    kvstrata demo-chat 2>&1 | tee "$out/demo_chat.log" | tail -25 || status=1
-    KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device scripts/cluster.sh down >/dev/null 2>&1
+    kvstrata demo-chat --target=127.0.0.1:58070 2>&1 | tee "$out/demo_chat.log" | tail -25 ||
+      status=1
+    scripts/cluster.sh down >/dev/null 2>&1
     grep -h "serving kvstrata.v1.Generation" "$work"/cluster/decode-*.log | head -2
     exit $status
     ;;

@@ -270,6 +270,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     CudaBackendOptions cuda;
     cuda.device = gpu;
     cuda.weights = options.gpu_weights;
+    cuda.decode_graphs = options.cuda_graphs;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;
     cuda.max_items = options.scheduler.max_running;
     KV_ASSIGN_OR_RETURN(backend,

@@ -63,6 +63,9 @@ struct EngineOptions {
   // or the build has no CUDA).
   Device device;
   GpuWeights gpu_weights = GpuWeights::kAuto;
+  // cuda: decode steps replay a CUDA graph captured once per batch size (false: every kernel is
+  // launched each step; the same arithmetic, for debugging and comparison).
+  bool cuda_graphs = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -68,10 +69,12 @@ class DeviceBuffer {
 // one transfer; each array is then addressed on the device by its offset.
 class Metadata {
  public:
-  // Appends the values and returns their offset in bytes (16-byte aligned).
-  int64_t Add(const std::vector<int32_t>& values) {
+  // Appends the values, in room for `capacity` of them (at least their number), and returns
+  // their offset in bytes (16-byte aligned). With capacities fixed, every array of a pass has
+  // the same offset each time: what a replayed CUDA graph needs.
+  int64_t Add(const std::vector<int32_t>& values, size_t capacity = 0) {
     const int64_t at = (static_cast<int64_t>(bytes_.size()) + 15) / 16 * 16;
-    bytes_.resize(at + values.size() * sizeof(int32_t));
+    bytes_.resize(at + std::max(values.size(), capacity) * sizeof(int32_t));
     if (!values.empty()) std::memcpy(bytes_.data() + at, values.data(), values.size() * 4);
     return at;
   }
@@ -146,6 +149,7 @@ class CudaBackend final : public Backend {
         type_(ResolveWeights(options.weights, model.config)) {}
   ~CudaBackend() override {
     cudaSetDevice(device_);
+    for (auto& [b, exec] : decode_graphs_) cudaGraphExecDestroy(exec);
     if (start_) cudaEventDestroy(start_);
     if (stop_) cudaEventDestroy(stop_);
     if (blas_) cublasDestroy(blas_);
@@ -172,6 +176,8 @@ class CudaBackend final : public Backend {
   absl::Status Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
                     bool accumulate);
   absl::Status Layer(int layer, const Plan& plan);
+  // Every launch of a pass, from the embedding to the logits GEMM (what a graph captures).
+  absl::Status RunPass(const Plan& plan);
 
   const model::LoadedModel& model_;
   const model::ModelConfig& cfg_;
@@ -208,6 +214,8 @@ class CudaBackend final : public Backend {
   int max_logit_rows_ = 0;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   ForwardTiming timing_;
+  // Decode steps of B sequences, captured once and replayed: B -> graph.
+  std::map<int, cudaGraphExec_t> decode_graphs_;
 };
 
 // Where one forward pass's arrays are on the device, and the counts the launches need.
@@ -217,7 +225,8 @@ struct CudaBackend::Plan {
   const int32_t* positions = nullptr;
   const int32_t* append_slot = nullptr;
   const int32_t* append_row = nullptr;
-  int demote_pages = 0;
+  int demote_pages = 0;                     // pages to demote, or the most (graph steps)
+  const int32_t* demote_count = nullptr;    // graph steps: the number to demote, on the device
   const int32_t* demote_src = nullptr;
   const int32_t* demote_dst = nullptr;
   // Chunk attention: every item of the BF16 format, prefill items of the split formats.
@@ -447,15 +456,26 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
     KV_RETURN_IF_ERROR(cache_->BeginAppend(*it.seq, it.pos0 + it.n));
   }
 
+  // A decode step (one token per sequence, nothing but the last logits) runs as a CUDA graph
+  // captured for its batch size: every array then sits at a fixed offset with room for the
+  // largest sequence, and the launches are sized for it too.
+  const int B = static_cast<int>(batch.size());
+  bool graph = options_.decode_graphs;
+  for (const ForwardItem& it : batch) graph = graph && it.n == 1 && !it.all_logits;
+  const kernels::SplitLayout& layout = cache_->options().layout;
+  const int max_pages = (cfg_.max_context + P - 1) / P;
+  const int max_window = layout.sink_tokens / P + (layout.recent_tokens + P - 1) / P + 1;
+  auto cap = [&](int64_t n) { return graph ? static_cast<size_t>(n) : size_t{0}; };
+
   // The pass's arrays, on the host.
   const bool split = cache_->split();
-  const int64_t sink_pages = cache_->options().layout.sink_tokens / P;
+  const int64_t sink_pages = layout.sink_tokens / P;
   std::vector<int32_t> ids, positions, append_slot, append_row, demote_src, demote_dst;
   std::vector<int32_t> c_offset, c_len, c_pos0, c_indptr{0}, c_bf16, c_int2;
   std::vector<int32_t> d_rows, seg_indptr[3], seg_indices[3], seg_last[3];
   for (int s = 0; s < 3; ++s) seg_indptr[s].push_back(0);
   std::vector<int32_t> logit_rows;
-  int max_len = 0, max_history = 0, max_window = 0;
+  int max_len = 0, max_history = 0, max_window_pages = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const ForwardItem& it = batch[i];
     const SequenceKv& seq = *it.seq;
@@ -491,7 +511,7 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
         seg_indptr[s].push_back(static_cast<int32_t>(seg_indices[s].size()));
       }
       max_history = std::max<int>(max_history, static_cast<int>(hist_end - sink_end));
-      max_window = std::max<int>(max_window, static_cast<int>(sink_end + pages - hist_end));
+      max_window_pages = std::max<int>(max_window_pages, static_cast<int>(sink_end + pages - hist_end));
     } else {
       c_offset.push_back(offset[i]);
       c_len.push_back(it.n);
@@ -509,19 +529,27 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
       logit_rows.push_back(offset[i] + it.n - 1);
     }
   }
+  if (graph) {  // the graph was sized for the longest sequence the model takes
+    max_history = max_pages;
+    max_window_pages = max_window;
+    max_len = c_len.empty() ? 0 : 1;
+  }
   meta_.Clear();
-  const int64_t o_ids = meta_.Add(ids), o_pos = meta_.Add(positions);
-  const int64_t o_aslot = meta_.Add(append_slot), o_arow = meta_.Add(append_row);
-  const int64_t o_dsrc = meta_.Add(demote_src), o_ddst = meta_.Add(demote_dst);
-  const int64_t o_coff = meta_.Add(c_offset), o_clen = meta_.Add(c_len);
-  const int64_t o_cpos = meta_.Add(c_pos0), o_cptr = meta_.Add(c_indptr);
-  const int64_t o_cbf = meta_.Add(c_bf16), o_ci2 = meta_.Add(c_int2);
-  const int64_t o_drows = meta_.Add(d_rows), o_logit = meta_.Add(logit_rows);
+  const std::vector<int32_t> demote_count = {static_cast<int32_t>(demote_src.size())};
+  const int64_t o_ids = meta_.Add(ids, cap(B)), o_pos = meta_.Add(positions, cap(B));
+  const int64_t o_aslot = meta_.Add(append_slot, cap(B)), o_arow = meta_.Add(append_row, cap(B));
+  const int64_t o_dcount = meta_.Add(demote_count);
+  const int64_t o_dsrc = meta_.Add(demote_src, cap(B)), o_ddst = meta_.Add(demote_dst, cap(B));
+  const int64_t o_coff = meta_.Add(c_offset, cap(B)), o_clen = meta_.Add(c_len, cap(B));
+  const int64_t o_cpos = meta_.Add(c_pos0, cap(B)), o_cptr = meta_.Add(c_indptr, cap(B + 1));
+  const int64_t o_cbf = meta_.Add(c_bf16, cap(int64_t{B} * max_pages));
+  const int64_t o_ci2 = meta_.Add(c_int2, cap(int64_t{B} * max_pages));
+  const int64_t o_drows = meta_.Add(d_rows, cap(B)), o_logit = meta_.Add(logit_rows, cap(B));
   int64_t o_seg[3][3];
   for (int s = 0; s < 3; ++s) {
-    o_seg[s][0] = meta_.Add(seg_indptr[s]);
-    o_seg[s][1] = meta_.Add(seg_indices[s]);
-    o_seg[s][2] = meta_.Add(seg_last[s]);
+    o_seg[s][0] = meta_.Add(seg_indptr[s], cap(B + 1));
+    o_seg[s][1] = meta_.Add(seg_indices[s], cap(int64_t{B} * max_pages));
+    o_seg[s][2] = meta_.Add(seg_last[s], cap(B));
   }
   if (meta_.bytes().size() > pinned_bytes_) {
     return absl::InternalError(absl::StrCat("forward metadata of ", meta_.bytes().size(),
@@ -540,11 +568,11 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
   plan.positions = dev(o_pos);
   plan.append_slot = dev(o_aslot);
   plan.append_row = dev(o_arow);
-  plan.demote_pages = static_cast<int>(demote_src.size());
+  plan.demote_pages = graph && split ? B : static_cast<int>(demote_src.size());
+  plan.demote_count = graph ? dev(o_dcount) : nullptr;
   plan.demote_src = dev(o_dsrc);
   plan.demote_dst = dev(o_ddst);
   kernels::ChunkAttentionParams& c = plan.chunk;
-  c.q = qr_.as<float>();
   c.out = attn_.as<float>();
   c.num_q_heads = cfg_.num_heads;
   c.sm_scale = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
@@ -566,7 +594,7 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
   c.int2_encoding = cache_->int2_encoding();
   c.split = split;
   c.sink_pages = static_cast<int>(sink_pages);
-  c.recent_tokens = cache_->options().layout.recent_tokens;
+  c.recent_tokens = layout.recent_tokens;
   plan.decode_items = static_cast<int>(d_rows.size());
   plan.decode_rows = dev(o_drows);
   if (plan.decode_items > 0) {
@@ -592,8 +620,8 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
     d.out = decode_out_.as<float>();
     d.lse = nullptr;
     plan.decode_plan = kernels::PlanSplitDecode(plan.decode_items, cfg_.num_kv_heads,
-                                                cfg_.head_dim, max_history, max_window, num_sms_,
-                                                decode_ctas_per_sm_);
+                                                cfg_.head_dim, max_history, max_window_pages,
+                                                num_sms_, decode_ctas_per_sm_);
     if (plan.decode_plan.workspace_bytes > max_split_workspace_) {
       return absl::InternalError("split decode workspace too small for this batch");
     }
@@ -606,29 +634,28 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
   }
   plan.logit_row_ids = dev(o_logit);
 
-  // The pass.
-  const int H = cfg_.hidden_size;
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream_), "cudaEventRecord");
-  KV_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(embedding_, type_,
-                                                   cfg_.vocab_size, H, plan.ids, T,
-                                                   x_.as<float>(), stream_),
-                          "EmbeddingGather");
-  KV_CUDA_RETURN_IF_ERROR(kernels::RopeTables(plan.positions, T, cfg_.head_dim, cfg_.rope_theta,
-                                              cos_.as<float>(), sin_.as<float>(), stream_),
-                          "RopeTables");
-  for (int layer = 0; layer < cfg_.num_layers; ++layer) KV_RETURN_IF_ERROR(Layer(layer, plan));
-
-  // Logits of the requested rows.
+  if (graph) {
+    auto it = decode_graphs_.find(B);
+    if (it == decode_graphs_.end()) {
+      KV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture");
+      const absl::Status captured = RunPass(plan);
+      cudaGraph_t g = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(stream_, &g);
+      KV_RETURN_IF_ERROR(captured);
+      KV_CUDA_RETURN_IF_ERROR(ended, "cudaStreamEndCapture");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      KV_CUDA_RETURN_IF_ERROR(made, "cudaGraphInstantiate");
+      it = decode_graphs_.emplace(B, exec).first;
+    }
+    KV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+  } else {
+    KV_RETURN_IF_ERROR(RunPass(plan));
+  }
   const int R = plan.logit_rows;
-  KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(x_.as<float>(), H, plan.logit_row_ids, R,
-                                              final_rows_.as<float>(), stream_),
-                          "GatherRows");
-  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(final_rows_.as<float>(), H, R, H, output_norm_,
-                                             cfg_.rms_norm_eps, final_half_.as<void>(), type_,
-                                             stream_),
-                          "RmsNormTo");
-  KV_RETURN_IF_ERROR(Gemm(final_half_.as<void>(), R, H, lm_head_, cfg_.vocab_size,
-                          logits_.as<float>(), /*accumulate=*/false));
   logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
   KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.as<float>(),
                                           logits->size() * sizeof(float), cudaMemcpyDeviceToHost,
@@ -643,6 +670,28 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
     KV_RETURN_IF_ERROR(cache_->EndAppend(*it.seq, it.pos0 + it.n));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunPass(const Plan& plan) {
+  const int T = plan.tokens, H = cfg_.hidden_size;
+  KV_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(embedding_, type_, cfg_.vocab_size, H,
+                                                   plan.ids, T, x_.as<float>(), stream_),
+                          "EmbeddingGather");
+  KV_CUDA_RETURN_IF_ERROR(kernels::RopeTables(plan.positions, T, cfg_.head_dim, cfg_.rope_theta,
+                                              cos_.as<float>(), sin_.as<float>(), stream_),
+                          "RopeTables");
+  for (int layer = 0; layer < cfg_.num_layers; ++layer) KV_RETURN_IF_ERROR(Layer(layer, plan));
+  // Logits of the requested rows.
+  const int R = plan.logit_rows;
+  KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(x_.as<float>(), H, plan.logit_row_ids, R,
+                                              final_rows_.as<float>(), stream_),
+                          "GatherRows");
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(final_rows_.as<float>(), H, R, H, output_norm_,
+                                             cfg_.rms_norm_eps, final_half_.as<void>(), type_,
+                                             stream_),
+                          "RmsNormTo");
+  return Gemm(final_half_.as<void>(), R, H, lm_head_, cfg_.vocab_size, logits_.as<float>(),
+              /*accumulate=*/false);
 }
 
 absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
@@ -721,6 +770,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     dp.src_slot = plan.demote_src;
     dp.dst_slot = plan.demote_dst;
     dp.num_pages = plan.demote_pages;
+    dp.num_pages_device = plan.demote_count;
     dp.clip = clips_.as<float>() + layer * 2 * nkv;
     dp.geometry = one_layer;
     KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");

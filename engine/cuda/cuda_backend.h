@@ -28,6 +28,8 @@ struct CudaBackendOptions {
   GpuWeights weights = GpuWeights::kAuto;
   int max_step_tokens = 512;  // tokens of one forward pass (SchedulerOptions::max_step_tokens)
   int max_items = 16;         // sequences of one forward pass (max_running plus prefills)
+  // Decode steps as CUDA graphs, captured once per batch size (false: launched one by one).
+  bool decode_graphs = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

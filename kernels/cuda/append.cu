@@ -61,6 +61,7 @@ __global__ void DemoteKernel(DemoteParams p) {
   const KvGeometry& g = p.geometry;
   const int64_t blocks = NumBlocks(g);
   const int page = static_cast<int>(blockIdx.x / blocks);
+  if (p.num_pages_device != nullptr && page >= *p.num_pages_device) return;
   const int64_t blk = blockIdx.x % blocks;
   const int layer = static_cast<int>(blk / (2 * g.num_kv_heads));
   const int kind = static_cast<int>((blk / g.num_kv_heads) % 2);

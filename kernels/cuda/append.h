@@ -45,6 +45,9 @@ struct DemoteParams {
   const int32_t* src_slot = nullptr;  // device [num_pages]
   const int32_t* dst_slot = nullptr;  // device [num_pages]
   int num_pages = 0;
+  // When set, only the first *num_pages_device of the num_pages are demoted (the count lives on
+  // the device, so a captured CUDA graph can demote a different number each replay).
+  const int32_t* num_pages_device = nullptr;
   // device fp32 [num_layers][2][num_kv_heads] clip ratios in (0, 1]; null = 1 (no clipping)
   const float* clip = nullptr;
   KvGeometry geometry;  // group_size == head_dim, uniform levels

@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, rotations, "",
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model runs: cpu, or cuda / cuda:N (the KV cache then lives on that GPU)");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "with --device cuda, replay decode steps as CUDA graphs (false: launch every kernel)");
 ABSL_FLAG(std::string, gpu_weights, "auto",
           "with --device cuda, the weights' type: auto (fp32 for models up to 2 GiB of fp32 "
           "weights, as the CPU computes; bf16 above), bf16, fp16 or fp32");
@@ -49,6 +51,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--gpu-weights: ", weights.status().message()));
   }
   o.gpu_weights = *weights;
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   std::error_code ec;
   o.rotations_path = absl::GetFlag(FLAGS_rotations);
   if (o.rotations_path == "identity") {

@@ -17,6 +17,7 @@ ABSL_DECLARE_FLAG(std::string, rotations);
 ABSL_DECLARE_FLAG(int, kv_cache_mb);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_weights);
+ABSL_DECLARE_FLAG(bool, cuda_graphs);
 
 namespace kvstrata::cli {
 
