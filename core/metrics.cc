@@ -1,6 +1,8 @@
 #include "core/metrics.h"
 
 #include <civetweb.h>
+#include <dlfcn.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <charconv>
@@ -11,6 +13,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/check.h"
+
+// civetweb starts its threads with a fixed stack of 100 KiB (USE_STACK_SIZE in Debian's build),
+// and glibc takes the process's static thread-local storage out of each thread's stack: in a
+// decode worker (OpenBLAS alone holds 60 KiB of it, CUDA's runtime 4 KiB more) too little was
+// left, and /metrics either could not start its threads or overflowed their stacks. Every
+// request for a smaller stack in the process is raised to kMinThreadStack here; requests for
+// more pass through unchanged.
+namespace {
+constexpr size_t kMinThreadStack = size_t{1} << 20;
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using SetStackSize = int (*)(pthread_attr_t*, size_t);
+  static const SetStackSize libc_set_stack_size =
+      reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  return libc_set_stack_size(attr, std::max(size, kMinThreadStack));
+}
 
 namespace kvstrata {
 
