@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "engine/kv_cache.h"
+#include "engine/sampler.h"
 
 namespace kvstrata::engine {
 
@@ -38,6 +39,12 @@ struct ForwardTiming {
   double device_seconds = 0.0;
 };
 
+// A token drawn on the backend's device (ForwardAndSample).
+struct DeviceSampled {
+  int32_t token = -1;
+  float logprob = 0.0f;  // log-softmax of the penalised logits, as SampledToken's
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -45,6 +52,17 @@ class Backend {
   // item in order, [n][vocab] rows if all_logits else one [vocab] row.
   virtual absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
                                ForwardObserver* observer = nullptr) = 0;
+  // Whether ForwardAndSample draws tokens on the backend's device (the CPU backend does not).
+  virtual bool samples_on_device() const { return false; }
+  // Forward, then a token for every item whose draws[i] is set, drawn on the device from its
+  // (last) row of logits into (*sampled)[i]. Logits come back as Forward returns them only when
+  // host_logits is true; otherwise `logits` is left empty and only the tokens are copied.
+  virtual absl::Status ForwardAndSample(const std::vector<ForwardItem>& batch,
+                                        const std::vector<const DeviceDraw*>& draws,
+                                        bool host_logits, std::vector<float>* logits,
+                                        std::vector<DeviceSampled>* sampled) {
+    return absl::UnimplementedError("this backend samples on the host");
+  }
   virtual int vocab_size() const = 0;
   virtual ForwardTiming last_timing() const { return {}; }
   // Where and how the pass runs, for logs: "cpu (fp32, OpenBLAS)", "cuda:0 (NVIDIA H200, ...),

@@ -116,15 +116,16 @@ class Engine::MeteredBackend final : public Backend {
   absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
                        ForwardObserver* observer) override {
     KV_RETURN_IF_ERROR(inner_->Forward(batch, logits, observer));
-    last_.clear();
-    for (const ForwardItem& item : batch) {
-      ItemKv kv;
-      kv.tokens = item.seq->num_tokens;
-      kv.bytes = cache_->SequenceBytes(*item.seq);
-      for (int32_t s : item.seq->bf16_slot) kv.bf16_pages += s >= 0;
-      for (int32_t s : item.seq->int2_slot) kv.int2_pages += s >= 0;
-      last_.push_back(kv);
-    }
+    Record(batch);
+    return absl::OkStatus();
+  }
+  bool samples_on_device() const override { return inner_->samples_on_device(); }
+  absl::Status ForwardAndSample(const std::vector<ForwardItem>& batch,
+                                const std::vector<const DeviceDraw*>& draws, bool host_logits,
+                                std::vector<float>* logits,
+                                std::vector<DeviceSampled>* sampled) override {
+    KV_RETURN_IF_ERROR(inner_->ForwardAndSample(batch, draws, host_logits, logits, sampled));
+    Record(batch);
     return absl::OkStatus();
   }
   int vocab_size() const override { return inner_->vocab_size(); }
@@ -134,6 +135,18 @@ class Engine::MeteredBackend final : public Backend {
   void ForgetLast() { last_.clear(); }
 
  private:
+  void Record(const std::vector<ForwardItem>& batch) {
+    last_.clear();
+    for (const ForwardItem& item : batch) {
+      ItemKv kv;
+      kv.tokens = item.seq->num_tokens;
+      kv.bytes = cache_->SequenceBytes(*item.seq);
+      for (int32_t s : item.seq->bf16_slot) kv.bf16_pages += s >= 0;
+      for (int32_t s : item.seq->int2_slot) kv.int2_pages += s >= 0;
+      last_.push_back(kv);
+    }
+  }
+
   std::unique_ptr<Backend> inner_;
   const KvCache* cache_;
   std::vector<ItemKv> last_;
@@ -271,6 +284,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.device = gpu;
     cuda.weights = options.gpu_weights;
     cuda.decode_graphs = options.cuda_graphs;
+    cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;
     cuda.max_items = options.scheduler.max_running;
     KV_ASSIGN_OR_RETURN(backend,

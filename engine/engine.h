@@ -66,6 +66,10 @@ struct EngineOptions {
   // cuda: decode steps replay a CUDA graph captured once per batch size (false: every kernel is
   // launched each step; the same arithmetic, for debugging and comparison).
   bool cuda_graphs = true;
+  // cuda: a request without top-k, top-p or min-p filters and top_logprobs has its tokens drawn
+  // on the GPU (the host's arithmetic; only the token is copied back). false: every row of
+  // logits is copied to the host and sampled there.
+  bool gpu_sampling = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

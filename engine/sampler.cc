@@ -35,6 +35,31 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& o) {
 Sampler::Sampler(const SamplingOptions& options, uint64_t seed)
     : options_(options), rng_(options.seed.value_or(seed)) {}
 
+double Sampler::Uniform() {
+  return std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
+}
+
+bool Sampler::DeviceSampleable() const {
+  return options_.top_k <= 0 && options_.top_p >= 1.0f && options_.min_p <= 0.0f &&
+         options_.top_logprobs == 0;
+}
+
+DeviceDraw Sampler::PrepareDeviceDraw(std::span<const int32_t> generated) {
+  DeviceDraw d;
+  d.temperature = options_.temperature;
+  d.repetition_penalty = options_.repetition_penalty;
+  d.frequency_penalty = options_.frequency_penalty;
+  d.presence_penalty = options_.presence_penalty;
+  if (options_.repetition_penalty != 1.0f || options_.frequency_penalty != 0.0f ||
+      options_.presence_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (int32_t t : generated) ++counts[t];
+    d.counts.assign(counts.begin(), counts.end());
+  }
+  if (options_.temperature != 0.0f) d.uniform = Uniform();
+  return d;
+}
+
 SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int32_t> generated) {
   const int vocab = static_cast<int>(logits.size());
   work_.assign(logits.begin(), logits.end());
@@ -84,8 +109,7 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
     for (int i = 0; i < vocab; ++i) {
       sum += probs_[i] = std::exp((double{work_[i]} - max_logit) / options_.temperature);
     }
-    std::uniform_real_distribution<double> uniform(0.0, sum);
-    double r = uniform(rng_);
+    double r = Uniform() * sum;  // std::uniform_real_distribution(0, sum), shared with devices
     int pick = vocab - 1;
     for (int i = 0; i < vocab; ++i) {
       r -= probs_[i];

@@ -28,6 +28,17 @@ struct SamplingOptions {
 // InvalidArgument naming the field when an option is out of range.
 absl::Status ValidateSamplingOptions(const SamplingOptions& options);
 
+// What a device needs to draw a token as Sample would (Sampler::DeviceSampleable): the
+// penalties and counts, the temperature and the request's own uniform number in [0, 1).
+struct DeviceDraw {
+  float temperature = 0.0f;  // 0 = greedy
+  double uniform = 0.0;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::vector<std::pair<int32_t, int32_t>> counts;  // (token, occurrences) in the output so far
+};
+
 struct SampledToken {
   int32_t token = -1;
   float logprob = 0.0f;                        // log-softmax of the (penalised) logits
@@ -40,7 +51,17 @@ class Sampler {
   // logits [vocab]; `generated` are the tokens produced so far (for the penalties).
   SampledToken Sample(std::span<const float> logits, std::span<const int32_t> generated);
 
+  // True when a device can draw this request's tokens from DeviceDraw alone: no top-k, top-p or
+  // min-p filter (a sort of the vocabulary) and no alternatives to report.
+  bool DeviceSampleable() const;
+  // The draw of the next token, advancing the generator exactly as Sample would: a seeded
+  // request gives the same tokens whether the host or a device samples it.
+  DeviceDraw PrepareDeviceDraw(std::span<const int32_t> generated);
+
  private:
+  // A uniform number in [0, 1): what std::uniform_real_distribution scales, so u · Σ is its draw.
+  double Uniform();
+
   SamplingOptions options_;
   std::mt19937_64 rng_;
   std::vector<float> work_;

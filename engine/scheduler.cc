@@ -182,7 +182,27 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     owners.push_back(s.get());
     budget -= chunk;
   }
-  if (absl::Status forward = backend_->Forward(batch, &logits_); !forward.ok()) {
+  // Which items draw a token after this pass, and where: on the backend's device when it can
+  // and the request's sampling allows, else on the host from its row of logits. Logits come
+  // back only when some item needs them.
+  const bool on_device = backend_->samples_on_device();
+  std::vector<DeviceDraw> draw_storage(on_device ? batch.size() : 0);
+  std::vector<const DeviceDraw*> draws(batch.size(), nullptr);
+  bool host_logits = !on_device;
+  for (size_t i = 0; i < batch.size() && on_device; ++i) {
+    Sequence& s = *owners[i];
+    if (s.prefilled + batch[i].n < static_cast<int64_t>(s.request.prompt.size())) continue;
+    if (!s.sampler->DeviceSampleable()) {
+      host_logits = true;
+      continue;
+    }
+    draw_storage[i] = s.sampler->PrepareDeviceDraw(s.generated);
+    draws[i] = &draw_storage[i];
+  }
+  const absl::Status forward =
+      on_device ? backend_->ForwardAndSample(batch, draws, host_logits, &logits_, &device_sampled_)
+                : backend_->Forward(batch, &logits_);
+  if (!forward.ok()) {
     // The batch's cache state is unknown now: end every sequence in it (with an error event)
     // so the engine keeps serving the others and later requests.
     for (Sequence* s : owners) {
@@ -200,8 +220,14 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
       s.prefilled += batch[i].n;
       if (s.prefilled < static_cast<int64_t>(s.request.prompt.size())) continue;  // more chunks
     }
-    const SampledToken t =
-        s.sampler->Sample(std::span<const float>(logits_.data() + i * vocab, vocab), s.generated);
+    SampledToken t;
+    if (draws[i] != nullptr) {
+      t.token = device_sampled_[i].token;
+      t.logprob = device_sampled_[i].logprob;
+    } else {
+      t = s.sampler->Sample(std::span<const float>(logits_.data() + i * vocab, vocab),
+                            s.generated);
+    }
     s.generated.push_back(t.token);
     const StopChecker::Step stop =
         s.stop->Add(t.token, token_bytes_(t.token), static_cast<int>(s.generated.size()));

@@ -112,6 +112,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::unordered_map<uint64_t, FinishReason> cancelled_;
   std::vector<float> logits_;
+  std::vector<DeviceSampled> device_sampled_;
 };
 
 }  // namespace kvstrata::engine

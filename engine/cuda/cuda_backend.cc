@@ -12,6 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
+#include "engine/cuda/cublas_library.h"
+#include "engine/cuda/cuda_util.h"
+#include "engine/cuda/device_sampler.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/chunk_attention.h"
 #include "kernels/cuda/model_ops.h"
@@ -23,47 +26,12 @@ namespace {
 
 using kernels::GemmType;
 
-absl::Status CudaError(cudaError_t e, const char* what, int device) {
-  return absl::InternalError(
-      absl::StrCat(what, " failed on cuda:", device, ": ", cudaGetErrorString(e)));
-}
-
-#define KV_CUDA_RETURN_IF_ERROR(call, what)                    \
-  do {                                                         \
-    if (cudaError_t kv_cuda_e = (call); kv_cuda_e != cudaSuccess) \
-      return CudaError(kv_cuda_e, what, device_);              \
+#define KV_CUBLAS_RETURN_IF_ERROR(call, what)                                           \
+  do {                                                                                  \
+    if (cublasStatus_t kv_blas_s = (call); kv_blas_s != CUBLAS_STATUS_SUCCESS)          \
+      return absl::InternalError(absl::StrCat(what, " failed on cuda:", device_, ": ", \
+                                              blas_lib_->status_string(kv_blas_s)));      \
   } while (0)
-
-#define KV_CUBLAS_RETURN_IF_ERROR(call, what)                                              \
-  do {                                                                                     \
-    if (cublasStatus_t kv_blas_s = (call); kv_blas_s != CUBLAS_STATUS_SUCCESS)             \
-      return absl::InternalError(absl::StrCat(what, " failed on cuda:", device_, ": ",    \
-                                              cublasGetStatusString(kv_blas_s)));         \
-  } while (0)
-
-// A device buffer that frees itself.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  cudaError_t Allocate(size_t bytes) {
-    bytes_ = std::max<size_t>(bytes, 256);
-    return cudaMalloc(&ptr_, bytes_);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // Host arrays of one forward pass, packed into one staging buffer and copied to the device in
 // one transfer; each array is then addressed on the device by its offset.
@@ -146,13 +114,14 @@ class CudaBackend final : public Backend {
         cache_(cache),
         options_(options),
         device_(options.device),
-        type_(ResolveWeights(options.weights, model.config)) {}
+        type_(ResolveWeights(options.weights, model.config)),
+        sampler_(options.device) {}
   ~CudaBackend() override {
     cudaSetDevice(device_);
     for (auto& [b, exec] : decode_graphs_) cudaGraphExecDestroy(exec);
     if (start_) cudaEventDestroy(start_);
     if (stop_) cudaEventDestroy(stop_);
-    if (blas_) cublasDestroy(blas_);
+    if (blas_) blas_lib_->destroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
     if (pinned_) cudaFreeHost(pinned_);
   }
@@ -167,9 +136,23 @@ class CudaBackend final : public Backend {
   }
   absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
                        ForwardObserver* observer) override;
+  bool samples_on_device() const override { return options_.device_sampling; }
+  absl::Status ForwardAndSample(const std::vector<ForwardItem>& batch,
+                                const std::vector<const DeviceDraw*>& draws, bool host_logits,
+                                std::vector<float>* logits,
+                                std::vector<DeviceSampled>* sampled) override {
+    if (draws.size() != batch.size()) {
+      return absl::InternalError("ForwardAndSample: one draw (or none) per item");
+    }
+    return Run(batch, &draws, host_logits, logits, sampled);
+  }
 
  private:
   struct Plan;  // one forward pass's device arrays
+  // A pass; then the draws (one per item, or null: no device sampling) and the logits' copy.
+  absl::Status Run(const std::vector<ForwardItem>& batch,
+                   const std::vector<const DeviceDraw*>* draws, bool host_logits,
+                   std::vector<float>* logits, std::vector<DeviceSampled>* sampled);
   absl::Status UploadWeights();
   absl::Status AllocateActivations();
   // y fp32 [rows][out] (+)= x [rows][in] · Wᵀ, W [out][in], x and W in type_.
@@ -190,6 +173,7 @@ class CudaBackend final : public Backend {
   int decode_ctas_per_sm_ = 1;
 
   cudaStream_t stream_ = nullptr;
+  const CublasLibrary* blas_lib_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
 
@@ -216,6 +200,7 @@ class CudaBackend final : public Backend {
   ForwardTiming timing_;
   // Decode steps of B sequences, captured once and replayed: B -> graph.
   std::map<int, cudaGraphExec_t> decode_graphs_;
+  DeviceSampler sampler_;
 };
 
 // Where one forward pass's arrays are on the device, and the counts the launches need.
@@ -248,12 +233,13 @@ absl::Status CudaBackend::Init() {
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_), "cudaStreamCreate");
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_), "cudaEventCreate");
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_), "cudaEventCreate");
-  KV_CUBLAS_RETURN_IF_ERROR(cublasCreate(&blas_), "cublasCreate");
-  KV_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas_, stream_), "cublasSetStream");
+  KV_ASSIGN_OR_RETURN(blas_lib_, OpenCublas());
+  KV_CUBLAS_RETURN_IF_ERROR(blas_lib_->create(&blas_), "cublasCreate");
+  KV_CUBLAS_RETURN_IF_ERROR(blas_lib_->set_stream(blas_, stream_), "cublasSetStream");
   // A fixed workspace, so cuBLAS allocates nothing per call (and graph capture works).
   KV_CUDA_RETURN_IF_ERROR(blas_workspace_.Allocate(size_t{32} << 20), "cudaMalloc (cuBLAS)");
   KV_CUBLAS_RETURN_IF_ERROR(
-      cublasSetWorkspace(blas_, blas_workspace_.as<void>(), blas_workspace_.bytes()),
+      blas_lib_->set_workspace(blas_, blas_workspace_.as<void>(), blas_workspace_.bytes()),
       "cublasSetWorkspace");
   KV_RETURN_IF_ERROR(UploadWeights());
   KV_RETURN_IF_ERROR(AllocateActivations());
@@ -411,7 +397,7 @@ absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, i
                            : type_ == GemmType::kFp16 ? CUDA_R_16F
                                                       : CUDA_R_32F;
   KV_CUBLAS_RETURN_IF_ERROR(
-      cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, t, in, x, t, in,
+      blas_lib_->gemm_ex(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, t, in, x, t, in,
                    &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
   return absl::OkStatus();
@@ -423,6 +409,12 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
     return absl::UnimplementedError(
         "the CUDA backend does not observe the forward pass; calibrate and evaluate on the CPU");
   }
+  return Run(batch, nullptr, /*host_logits=*/true, logits, nullptr);
+}
+
+absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
+                              const std::vector<const DeviceDraw*>* draws, bool host_logits,
+                              std::vector<float>* logits, std::vector<DeviceSampled>* sampled) {
   const kernels::KvGeometry& geo = cache_->geometry();
   const int P = geo.page_tokens;
   int T = 0;
@@ -474,7 +466,7 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
   std::vector<int32_t> c_offset, c_len, c_pos0, c_indptr{0}, c_bf16, c_int2;
   std::vector<int32_t> d_rows, seg_indptr[3], seg_indices[3], seg_last[3];
   for (int s = 0; s < 3; ++s) seg_indptr[s].push_back(0);
-  std::vector<int32_t> logit_rows;
+  std::vector<int32_t> logit_rows, last_logit_row;
   int max_len = 0, max_history = 0, max_window_pages = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const ForwardItem& it = batch[i];
@@ -528,6 +520,7 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
     } else {
       logit_rows.push_back(offset[i] + it.n - 1);
     }
+    last_logit_row.push_back(static_cast<int32_t>(logit_rows.size()) - 1);
   }
   if (graph) {  // the graph was sized for the longest sequence the model takes
     max_history = max_pages;
@@ -655,17 +648,25 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
   } else {
     KV_RETURN_IF_ERROR(RunPass(plan));
   }
-  const int R = plan.logit_rows;
-  logits->resize(static_cast<size_t>(R) * cfg_.vocab_size);
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.as<float>(),
-                                          logits->size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                          stream_),
-                          "cudaMemcpyAsync (logits)");
+  if (draws != nullptr) {
+    KV_RETURN_IF_ERROR(sampler_.Enqueue(logits_.as<float>(), cfg_.vocab_size, last_logit_row,
+                                        *draws, stream_));
+  }
+  if (host_logits) {
+    logits->resize(static_cast<size_t>(plan.logit_rows) * cfg_.vocab_size);
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits->data(), logits_.as<float>(),
+                                            logits->size() * sizeof(float),
+                                            cudaMemcpyDeviceToHost, stream_),
+                            "cudaMemcpyAsync (logits)");
+  } else {
+    logits->clear();
+  }
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop_, stream_), "cudaEventRecord");
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "the forward pass");
   float ms = 0.0f;
   KV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
   timing_.device_seconds = ms * 1e-3;
+  if (draws != nullptr) sampler_.Collect(*draws, sampled);
   for (const ForwardItem& it : batch) {
     KV_RETURN_IF_ERROR(cache_->EndAppend(*it.seq, it.pos0 + it.n));
   }

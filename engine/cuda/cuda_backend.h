@@ -7,9 +7,10 @@
 // by the append and demotion kernels and read by the chunk attention (prefill, and every BF16
 // attention) and split decode (INT2 decode) kernels of kernels/cuda/.
 //
-// Logits come back to the host for the engine's sampler, so sampling is the CPU's, bit for bit
-// (docs/engine.md measures what that copy costs). No allocation per step: every buffer is sized
-// at creation for `max_step_tokens` tokens and `max_items` items.
+// Requests without top-k, top-p or min-p filters and top_logprobs have their tokens drawn on the
+// GPU with the host sampler's arithmetic (engine/cuda/device_sampler.h); for the others the
+// logits come back to the host's sampler. No allocation per step: every buffer is sized at
+// creation for `max_step_tokens` tokens and `max_items` items.
 
 #include <memory>
 #include <string>
@@ -30,6 +31,8 @@ struct CudaBackendOptions {
   int max_items = 16;         // sequences of one forward pass (max_running plus prefills)
   // Decode steps as CUDA graphs, captured once per batch size (false: launched one by one).
   bool decode_graphs = true;
+  // Tokens drawn on the GPU for the requests whose sampling allows it (EngineOptions::gpu_sampling).
+  bool device_sampling = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

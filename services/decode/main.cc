@@ -51,6 +51,11 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, gpu_weights, "auto",
           "With --device cuda, the weights' type: auto (fp32 up to 2 GiB of fp32 weights, else "
           "bf16), bf16, fp16 or fp32.");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "With --device cuda, replay decode steps as CUDA graphs (false: launch every kernel).");
+ABSL_FLAG(bool, gpu_sampling, true,
+          "With --device cuda, draw tokens on the GPU for requests without top_k, top_p, min_p "
+          "and top_logprobs (false: copy every row of logits to the host and sample there).");
 ABSL_FLAG(std::string, kvstore, "",
           "Comma-separated kvstore addresses (HOST:PORT); empty: no kvstore.");
 ABSL_FLAG(int, local_cache_mb, 256,
@@ -123,6 +128,8 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--gpu_weights: ", weights.status().message()));
   }
   config.engine.gpu_weights = *weights;
+  config.engine.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  config.engine.gpu_sampling = absl::GetFlag(FLAGS_gpu_sampling);
   for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
     if (!absl::StrContains(a, ':')) {
       return absl::InvalidArgumentError(absl::StrCat("--kvstore: '", a, "' is not HOST:PORT"));

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "engine/sampler.h"
 #include "engine/stop.h"
@@ -81,6 +82,77 @@ TEST(Sampler, TopLogprobsAreSortedAndNormalised) {
   EXPECT_EQ(t.top[0].first, 1);
   EXPECT_EQ(t.top[1].first, 2);
   EXPECT_FLOAT_EQ(t.top[0].second, t.logprob);
+}
+
+// The documented device draw, written out independently: penalties, then the first maximum
+// (greedy) or the first token whose running sum of exp((z - max) / T) passes u · Σ.
+int32_t ReferenceDraw(std::vector<float> z, const DeviceDraw& d) {
+  for (const auto& [t, n] : d.counts) {
+    if (d.repetition_penalty != 1.0f) {
+      z[t] = z[t] > 0 ? z[t] / d.repetition_penalty : z[t] * d.repetition_penalty;
+    }
+    z[t] -= d.frequency_penalty * static_cast<float>(n) + d.presence_penalty;
+  }
+  int32_t best = 0;
+  for (size_t i = 1; i < z.size(); ++i) {
+    if (z[i] > z[best]) best = static_cast<int32_t>(i);
+  }
+  if (d.temperature == 0.0f) return best;
+  std::vector<double> w(z.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < z.size(); ++i) {
+    sum += w[i] = std::exp((double{z[i]} - z[best]) / d.temperature);
+  }
+  const double target = d.uniform * sum;
+  double running = 0.0;
+  for (size_t i = 0; i < z.size(); ++i) {
+    running += w[i];
+    if (running > target) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(z.size()) - 1;
+}
+
+TEST(Sampler, ADeviceDrawGivesTheTokenSampleGives) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  int drawn = 0;
+  for (float temperature : {0.0f, 0.6f, 1.0f, 1.7f}) {
+    for (int penalised = 0; penalised < 2; ++penalised) {
+      SamplingOptions o;
+      o.temperature = temperature;
+      o.seed = 1234 + drawn;
+      if (penalised) {
+        o.repetition_penalty = 1.3f;
+        o.frequency_penalty = 0.4f;
+        o.presence_penalty = 0.2f;
+      }
+      Sampler host(o, 0), device(o, 0);
+      ASSERT_TRUE(device.DeviceSampleable());
+      std::vector<int32_t> generated;
+      for (int step = 0; step < 300; ++step) {
+        std::vector<float> logits(257);
+        for (float& v : logits) v = normal(gen);
+        const SampledToken expected = host.Sample(logits, generated);
+        const DeviceDraw draw = device.PrepareDeviceDraw(generated);
+        ASSERT_GE(draw.uniform, 0.0);
+        ASSERT_LT(draw.uniform, 1.0);
+        ASSERT_EQ(ReferenceDraw(logits, draw), expected.token)
+            << "temperature " << temperature << " penalties " << penalised << " step " << step;
+        generated.push_back(expected.token);
+        ++drawn;
+      }
+    }
+  }
+  // Filters and alternatives need the sorted vocabulary: those stay on the host.
+  for (auto edit : {+[](SamplingOptions& o) { o.top_k = 5; },
+                    +[](SamplingOptions& o) { o.top_p = 0.9f; },
+                    +[](SamplingOptions& o) { o.min_p = 0.05f; },
+                    +[](SamplingOptions& o) { o.top_logprobs = 2; }}) {
+    SamplingOptions o;
+    o.temperature = 1.0f;
+    edit(o);
+    EXPECT_FALSE(Sampler(o, 0).DeviceSampleable());
+  }
 }
 
 TEST(Sampler, InvalidOptionsNameTheField) {

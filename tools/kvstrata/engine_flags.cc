@@ -20,6 +20,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the model runs: cpu, or cuda / cuda:N (the KV cache then lives on that GPU)");
 ABSL_FLAG(bool, cuda_graphs, true,
           "with --device cuda, replay decode steps as CUDA graphs (false: launch every kernel)");
+ABSL_FLAG(bool, gpu_sampling, true,
+          "with --device cuda, draw tokens on the GPU for requests without top-k, top-p, min-p "
+          "and top_logprobs (false: copy every row of logits to the host and sample there)");
 ABSL_FLAG(std::string, gpu_weights, "auto",
           "with --device cuda, the weights' type: auto (fp32 for models up to 2 GiB of fp32 "
           "weights, as the CPU computes; bf16 above), bf16, fp16 or fp32");
@@ -52,6 +55,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   }
   o.gpu_weights = *weights;
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o.gpu_sampling = absl::GetFlag(FLAGS_gpu_sampling);
   std::error_code ec;
   o.rotations_path = absl::GetFlag(FLAGS_rotations);
   if (o.rotations_path == "identity") {

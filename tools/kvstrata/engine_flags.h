@@ -18,6 +18,7 @@ ABSL_DECLARE_FLAG(int, kv_cache_mb);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_weights);
 ABSL_DECLARE_FLAG(bool, cuda_graphs);
+ABSL_DECLARE_FLAG(bool, gpu_sampling);
 
 namespace kvstrata::cli {
 
