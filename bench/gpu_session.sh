@@ -65,14 +65,36 @@ case $step in
     engine_cuda_gpu_test 2>&1 | tee "$out/engine_test.log" |
       grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|mean KL|identical|differs|cpu:|gpu:" || true
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-    for run in "auto graphs" "bf16 graphs" "auto launches"; do
+    # Side by side in one run: GPU sampling on and off, bf16 weights, kernels launched one by one.
+    mkdir -p "$work/json"
+    [[ ${KVSTRATA_GPU_BENCH:-1} == 1 ]] && for run in "auto graphs gpu" "auto graphs host" "bf16 graphs gpu" "auto launches gpu"; do
       set -- $run
-      echo "== bench-engine --device cuda --gpu-weights $1 ($2)"
-      kvstrata bench-engine --device cuda --gpu-weights "$1" --cuda-graphs="$([[ $2 == graphs ]] && echo true || echo false)" \
+      echo "== bench-engine --device cuda --gpu-weights $1 ($2, sampling on the $3)"
+      kvstrata bench-engine --device cuda --gpu-weights "$1" \
+        --cuda-graphs="$([[ $2 == graphs ]] && echo true || echo false)" \
+        --gpu-sampling="$([[ $3 == gpu ]] && echo true || echo false)" \
         --model "$KVSTRATA_MODEL" --kv-cache-mb 8192 --prompt-tokens 1024 --decode-tokens 64 \
-        --batch-sizes 1,8,32 --kv-formats bf16,int2 --json "$out/bench-engine-cuda-$1-$2.json" \
-        2>&1 | tee "$out/bench_engine_$1_$2.log" | grep -vE '^\s*("|\{|\}|\]|\[)' || status=1
+        --batch-sizes 1,8,32 --kv-formats bf16,int2 --json "$work/json/bench-engine-cuda-$1-$2-$3.json" \
+        2>&1 | tee -a "$out/bench_engine.log" | grep -vE '^\s*("|\{|\}|\]|\[)' || status=1
     done
+    [[ ${KVSTRATA_GPU_BENCH:-1} == 1 ]] && tar cf "$out/bench-engine-json.tar" -C "$work/json" .
+    echo "== the decode worker's metrics endpoint, alone (limits, OpenBLAS threads, device)"
+    {
+      ulimit -a
+      for threads in "" 1; do
+        for device in cpu cuda; do
+          echo "-- OPENBLAS_NUM_THREADS=${threads:-unset} --device=$device"
+          env ${threads:+OPENBLAS_NUM_THREADS=$threads} timeout 25 kvstrata-decode \
+            --listen=127.0.0.1:58090 --metrics_listen=127.0.0.1:59490 --device=$device \
+            --model="$KVSTRATA_MODEL" --kv_cache_mb=64 --local_cache_mb=0 2>&1 | head -5 &
+          sleep 20
+          curl -s -o /dev/null -w "metrics: HTTP %{http_code}\n" http://127.0.0.1:59490/metrics
+          wait
+        done
+      done
+    } >"$out/metrics_probe.log" 2>&1
+    cat "$out/metrics_probe.log" | grep -vE "^(core|data|file|max|open|pipe|POSIX|real|stack|cpu|virtual|scheduling|pending|locked)" | head -40
+    grep -E "^(stack|virtual|max user)" "$out/metrics_probe.log"
     echo "== a cluster serving from the GPU"
     # Ports away from the defaults, which that machine's own services may hold.
     export KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
@@ -80,10 +102,15 @@ case $step in
       KVSTRATA_DECODE0_METRICS_PORT=59471 KVSTRATA_DECODE1_PORT=58072 \
       KVSTRATA_DECODE1_METRICS_PORT=59472 KVSTRATA_KVSTORE_PORT=58061 \
       KVSTRATA_KVSTORE_METRICS_PORT=59461
-    scripts/cluster.sh up >"$out/cluster.log" 2>&1 || {
+    if ! scripts/cluster.sh up >"$out/cluster.log" 2>&1; then
+      tail -8 "$out/cluster.log"
+      scripts/cluster.sh down >/dev/null 2>&1
+      echo "-- again with OPENBLAS_NUM_THREADS=1" | tee -a "$out/cluster.log"
+      OPENBLAS_NUM_THREADS=1 scripts/cluster.sh up >>"$out/cluster.log" 2>&1 || {
         status=1
-        tail -20 "$out/cluster.log"
+        tail -8 "$out/cluster.log"
       }
+    fi
     kvstrata demo-chat --target=127.0.0.1:58070 2>&1 | tee "$out/demo_chat.log" | tail -25 ||
       status=1
     scripts/cluster.sh down >/dev/null 2>&1

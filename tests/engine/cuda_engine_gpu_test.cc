@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,10 +47,23 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = new std::shared_ptr<const model::LoadedModel>(
         std::make_shared<const model::LoadedModel>(*std::move(m)));
+    // The same weights with every attention norm scaled by 1 + N(0, 1e-6): what rounding one
+    // part in a million differently does to each KV format on the CPU engine itself.
+    absl::StatusOr<model::LoadedModel> p = model::LoadGgufModel(path);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::mt19937 gen(5);
+    std::normal_distribution<float> noise(0.0f, 1e-6f);
+    for (model::LayerWeights& w : p->weights.layers) {
+      float* norm = const_cast<float*>(w.attn_norm);
+      for (int i = 0; i < p->config.hidden_size; ++i) norm[i] *= 1.0f + noise(gen);
+    }
+    perturbed_ = new std::shared_ptr<const model::LoadedModel>(
+        std::make_shared<const model::LoadedModel>(*std::move(p)));
   }
   static void TearDownTestSuite() {
     delete model_;
-    model_ = nullptr;
+    delete perturbed_;
+    model_ = perturbed_ = nullptr;
   }
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -56,19 +71,23 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
   }
 
   std::unique_ptr<Engine> Make(bool cuda, GpuWeights weights = GpuWeights::kAuto,
-                               bool graphs = true) {
+                               bool graphs = true, bool gpu_sampling = true,
+                               bool perturbed = false,
+                               std::optional<KvCacheFormat> format = std::nullopt) {
     EngineOptions o;
     o.device.cuda = cuda;
     o.gpu_weights = weights;
     o.cuda_graphs = graphs;
+    o.gpu_sampling = gpu_sampling;
     o.default_rotations_dir = "rotations";  // tests run in the source folder
-    o.kv_cache.format = GetParam();
+    o.kv_cache.format = format.value_or(GetParam());
     o.kv_cache.capacity_bytes = int64_t{1} << 30;
     o.kv_cache.max_chunk_tokens = 512;
     o.scheduler.max_running = 8;
     o.scheduler.max_step_tokens = 512;
     o.scheduler.prefill_chunk = 256;
-    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(*model_, o);
+    absl::StatusOr<std::unique_ptr<Engine>> e =
+        Engine::Create(perturbed ? *perturbed_ : *model_, o);
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? *std::move(e) : nullptr;
   }
@@ -102,9 +121,11 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
   }
 
   static std::shared_ptr<const model::LoadedModel>* model_;
+  static std::shared_ptr<const model::LoadedModel>* perturbed_;
 };
 
 std::shared_ptr<const model::LoadedModel>* CudaEngineTest::model_ = nullptr;
+std::shared_ptr<const model::LoadedModel>* CudaEngineTest::perturbed_ = nullptr;
 
 // Mean KL(P_cpu || P_gpu) per position, and how often the argmax agrees.
 struct Divergence {
@@ -142,32 +163,58 @@ Divergence Compare(const std::vector<float>& cpu, const std::vector<float>& gpu,
 
 // The default (auto: fp32 weights for this model) must match the CPU; bf16 and fp16 weights are
 // measured beside it. INT2 amplifies any difference in the values it quantises (a value near a
-// code boundary flips a whole level), so at long contexts only fp32 arithmetic stays close.
+// code boundary flips a whole level, and the flip moves the next layers' values), so over
+// thousands of tokens two engines that round differently drift apart by about as much as the
+// CPU engine drifts from itself when its weights move by one part in a million. There the GPU
+// must stay within that drift and be as faithful to the BF16 cache as the CPU engine is.
 TEST_P(CudaEngineTest, NextTokenDistributionsMatchTheCpuEngine) {
+  const bool int2 = GetParam() == KvCacheFormat::kInt2;
   std::unique_ptr<Engine> cpu = Make(false);
-  ASSERT_TRUE(cpu);
+  std::unique_ptr<Engine> drifted = Make(false, GpuWeights::kAuto, true, true, /*perturbed=*/true);
+  std::unique_ptr<Engine> bf16 = Make(false, GpuWeights::kAuto, true, true, false,
+                                      KvCacheFormat::kBf16);
+  ASSERT_TRUE(cpu && drifted && bf16);
+  const int vocab = cpu->config().vocab_size;
   const std::string text = Licence("GPL-3") + Licence("Apache-2.0");
   std::vector<int32_t> all = cpu->EncodeText(text);
   ASSERT_GT(all.size(), 4200u);
-  std::vector<std::vector<float>> cpu_logits;
   const size_t lengths[] = {37, 500, 4100};
+  std::vector<std::vector<float>> cpu_logits, bf16_logits;
+  std::vector<Divergence> drift, cpu_vs_bf16;
   for (size_t n : lengths) {
-    cpu_logits.push_back(AllLogits(*cpu, std::vector<int32_t>(all.begin(), all.begin() + n)));
+    const std::vector<int32_t> ids(all.begin(), all.begin() + n);
+    cpu_logits.push_back(AllLogits(*cpu, ids));
+    bf16_logits.push_back(AllLogits(*bf16, ids));
+    drift.push_back(Compare(cpu_logits.back(), AllLogits(*drifted, ids), vocab));
+    cpu_vs_bf16.push_back(Compare(bf16_logits.back(), cpu_logits.back(), vocab));
+    fprintf(stderr,
+            "%s, cpu with weights moved by 1e-6, %zu tokens: mean KL %.2e, same top token "
+            "%.2f%%; cpu against a bf16 cache: mean KL %.2e\n",
+            KvCacheFormatName(GetParam()), n, drift.back().mean_kl,
+            100 * drift.back().top1_agreement, cpu_vs_bf16.back().mean_kl);
   }
   for (GpuWeights w : {GpuWeights::kAuto, GpuWeights::kBf16, GpuWeights::kFp16}) {
     std::unique_ptr<Engine> gpu = Make(true, w);
     ASSERT_TRUE(gpu);
     for (size_t i = 0; i < 3; ++i) {
       const size_t n = lengths[i];
-      const Divergence d =
-          Compare(cpu_logits[i], AllLogits(*gpu, std::vector<int32_t>(all.begin(), all.begin() + n)),
-                  gpu->config().vocab_size);
-      fprintf(stderr, "%s, %s (%s), %zu tokens: mean KL %.2e, max %.2e, same top token %.2f%%\n",
+      const std::vector<int32_t> ids(all.begin(), all.begin() + n);
+      const std::vector<float> gpu_logits = AllLogits(*gpu, ids);
+      const Divergence d = Compare(cpu_logits[i], gpu_logits, vocab);
+      const Divergence faithful = Compare(bf16_logits[i], gpu_logits, vocab);
+      fprintf(stderr,
+              "%s, %s (%s), %zu tokens: mean KL %.2e, max %.2e, same top token %.2f%%; "
+              "against a bf16 cache: mean KL %.2e (cpu %.2e)\n",
               KvCacheFormatName(GetParam()), GpuWeightsName(w), gpu->backend().Describe().c_str(),
-              n, d.mean_kl, d.max_kl, 100 * d.top1_agreement);
-      if (w == GpuWeights::kAuto) {
+              n, d.mean_kl, d.max_kl, 100 * d.top1_agreement, faithful.mean_kl,
+              cpu_vs_bf16[i].mean_kl);
+      if (w != GpuWeights::kAuto) continue;
+      if (!int2 || n <= 500) {
         EXPECT_LE(d.mean_kl, 1e-3) << n << " tokens";
         EXPECT_GE(d.top1_agreement, 0.97) << n << " tokens";
+      } else {
+        EXPECT_LE(d.mean_kl, 2 * drift[i].mean_kl + 1e-3) << n << " tokens";
+        EXPECT_LE(faithful.mean_kl, 1.1 * cpu_vs_bf16[i].mean_kl) << n << " tokens";
       }
     }
   }
@@ -201,6 +248,61 @@ TEST_P(CudaEngineTest, GraphReplayedDecodeStepsMatchLaunchedOnes) {
     return tokens;
   };
   EXPECT_EQ(run(*graphs), run(*eager));
+}
+
+// Tokens drawn on the GPU are the host sampler's: seeded tempered requests, greedy ones with
+// penalties and a top-k one (sampled on the host, in the same batch) give the same tokens with
+// GPU sampling on and off.
+TEST_P(CudaEngineTest, GpuSamplingDrawsTheHostSamplersTokens) {
+  std::unique_ptr<Engine> device = Make(true, GpuWeights::kAuto, true, true);
+  std::unique_ptr<Engine> host = Make(true, GpuWeights::kAuto, true, false);
+  ASSERT_TRUE(device && host);
+  const std::string text = Licence("LGPL-2.1");
+  auto run = [&](Engine& e) {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 6; ++i) {
+      GenerationRequest r = Greedy(e, e.EncodeText(text.substr(i * 400, 120 + i * 200)), 64);
+      r.stop.ignore_eos = true;
+      r.sampling.seed = 77 + i;
+      if (i < 3) r.sampling.temperature = 0.5f + 0.4f * i;
+      if (i == 3) r.sampling.repetition_penalty = 1.3f;
+      if (i == 4) {
+        r.sampling.temperature = 0.9f;
+        r.sampling.frequency_penalty = 0.5f;
+        r.sampling.presence_penalty = 0.5f;
+      }
+      if (i == 5) {
+        r.sampling.temperature = 1.0f;
+        r.sampling.top_k = 20;
+      }
+      ids.push_back(*e.Submit(r));
+    }
+    std::vector<std::vector<int32_t>> tokens(ids.size());
+    std::vector<std::vector<float>> logprobs(ids.size());
+    std::vector<GenerationEvent> events;
+    while (!e.scheduler().idle()) {
+      events.clear();
+      EXPECT_TRUE(e.scheduler().Step(&events).ok());
+      for (const GenerationEvent& ev : events) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] != ev.sequence_id || ev.token < 0) continue;
+          tokens[i].push_back(ev.token);
+          logprobs[i].push_back(ev.logprob);
+        }
+      }
+    }
+    return std::make_pair(tokens, logprobs);
+  };
+  const auto [on_device, device_logprobs] = run(*device);
+  const auto [on_host, host_logprobs] = run(*host);
+  ASSERT_EQ(on_device.size(), on_host.size());
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+    ASSERT_EQ(device_logprobs[i].size(), host_logprobs[i].size());
+    for (size_t t = 0; t < device_logprobs[i].size(); ++t) {
+      EXPECT_NEAR(device_logprobs[i][t], host_logprobs[i][t], 1e-4) << "request " << i;
+    }
+  }
 }
 
 TEST_P(CudaEngineTest, GreedyTextMatchesOnTwentyChatPrompts) {
@@ -266,8 +368,8 @@ TEST_P(CudaEngineTest, ABatchDecodesAsEachRequestAlone) {
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
 }
 
-// Pages the GPU engine exports, imported by the CPU engine, continue with the CPU engine's own
-// greedy tokens; and the other way round.
+// Pages the GPU engine exports, imported by the CPU engine, continue with the greedy tokens the
+// GPU engine itself continues with; and the other way round.
 TEST_P(CudaEngineTest, PagesMoveBetweenCpuAndGpuEngines) {
   std::unique_ptr<Engine> cpu = Make(false), gpu = Make(true);
   ASSERT_TRUE(cpu && gpu);
@@ -287,14 +389,24 @@ TEST_P(CudaEngineTest, PagesMoveBetweenCpuAndGpuEngines) {
       if (p.page_index < cacheable) pages.push_back(p.bytes);
     }
     ASSERT_FALSE(pages.empty());
-    GenerationRequest scratch = Greedy(importer, prompt, 16);
-    absl::StatusOr<GenerationStats> own = importer.Generate(scratch);
+    const char* direction = from_gpu ? "gpu -> cpu" : "cpu -> gpu";
+    // The exporter continuing its own prefill, the importer continuing the exporter's pages
+    // (and, for comparison, its own prefill).
+    absl::StatusOr<GenerationStats> exporters = exporter.Generate(Greedy(exporter, prompt, 16));
+    absl::StatusOr<GenerationStats> own = importer.Generate(Greedy(importer, prompt, 16));
     GenerationRequest cached = Greedy(importer, prompt, 16);
     cached.cached_pages = pages;
     absl::StatusOr<GenerationStats> reused = importer.Generate(cached);
-    ASSERT_TRUE(own.ok() && reused.ok()) << reused.status();
-    EXPECT_EQ(reused->cached_tokens, cacheable * 64) << (from_gpu ? "gpu -> cpu" : "cpu -> gpu");
-    EXPECT_EQ(reused->text, own->text) << (from_gpu ? "gpu -> cpu" : "cpu -> gpu");
+    ASSERT_TRUE(exporters.ok() && own.ok() && reused.ok()) << reused.status();
+    EXPECT_EQ(reused->cached_tokens, cacheable * 64) << direction;
+    EXPECT_EQ(reused->text, exporters->text) << direction;
+    // A BF16 cache is stable under rounding, so the importer's own prefill agrees too; an INT2
+    // one need not over 600 tokens (see NextTokenDistributionsMatchTheCpuEngine).
+    if (GetParam() == KvCacheFormat::kBf16) EXPECT_EQ(own->text, exporters->text) << direction;
+    fprintf(stderr, "%s, %s: imported pages continue as the exporter: %s; own prefill: %s\n",
+            KvCacheFormatName(GetParam()), direction,
+            reused->text == exporters->text ? "same" : "differs",
+            own->text == exporters->text ? "same" : "differs");
   }
 }
 
