@@ -11,7 +11,8 @@
 # engine:  joins the model (checked against its SHA-256), runs the CUDA engine test against the
 #          CPU engine, `kvstrata bench-engine --device cuda` (batch 1, 8, 32, both formats), and
 #          a local cluster whose two decode workers serve from the GPU (demo-chat through the
-#          router). Results under ${OUT:-bench-out}/.
+#          router). Results under ${OUT:-bench-out}/. KVSTRATA_GPU_TEST_FILTER (a gtest filter)
+#          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?usage: bench/gpu_session.sh pack|kernels|engine}
@@ -62,7 +63,8 @@ case $step in
     export KVSTRATA_MODEL=$work/model.gguf
     status=0
     echo "== engine_cuda_gpu_test"
-    engine_cuda_gpu_test 2>&1 | tee "$out/engine_test.log" |
+    engine_cuda_gpu_test --gtest_filter="${KVSTRATA_GPU_TEST_FILTER:-*}" 2>&1 |
+      tee "$out/engine_test.log" |
       grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) |Failure|mean KL|identical|differs|cpu:|gpu:" || true
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     # Side by side in one run: GPU sampling on and off, bf16 weights, kernels launched one by one.
@@ -78,23 +80,6 @@ case $step in
         2>&1 | tee -a "$out/bench_engine.log" | grep -vE '^\s*("|\{|\}|\]|\[)' || status=1
     done
     [[ ${KVSTRATA_GPU_BENCH:-1} == 1 ]] && tar cf "$out/bench-engine-json.tar" -C "$work/json" .
-    echo "== the decode worker's metrics endpoint, alone (limits, OpenBLAS threads, device)"
-    {
-      ulimit -a
-      for threads in "" 1; do
-        for device in cpu cuda; do
-          echo "-- OPENBLAS_NUM_THREADS=${threads:-unset} --device=$device"
-          env ${threads:+OPENBLAS_NUM_THREADS=$threads} timeout 25 kvstrata-decode \
-            --listen=127.0.0.1:58090 --metrics_listen=127.0.0.1:59490 --device=$device \
-            --model="$KVSTRATA_MODEL" --kv_cache_mb=64 --local_cache_mb=0 2>&1 | head -5 &
-          sleep 20
-          curl -s -o /dev/null -w "metrics: HTTP %{http_code}\n" http://127.0.0.1:59490/metrics
-          wait
-        done
-      done
-    } >"$out/metrics_probe.log" 2>&1
-    cat "$out/metrics_probe.log" | grep -vE "^(core|data|file|max|open|pipe|POSIX|real|stack|cpu|virtual|scheduling|pending|locked)" | head -40
-    grep -E "^(stack|virtual|max user)" "$out/metrics_probe.log"
     echo "== a cluster serving from the GPU"
     # Ports away from the defaults, which that machine's own services may hold.
     export KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
@@ -113,6 +98,9 @@ case $step in
     fi
     kvstrata demo-chat --target=127.0.0.1:58070 2>&1 | tee "$out/demo_chat.log" | tail -25 ||
       status=1
+    curl -s http://127.0.0.1:59471/metrics |
+      grep -E "^kvstrata_decode_(requests_total|generated_tokens_total|prompt_tokens_total)" |
+      tee -a "$out/demo_chat.log"
     scripts/cluster.sh down >/dev/null 2>&1
     grep -h "serving kvstrata.v1.Generation" "$work"/cluster/decode-*.log | head -2
     exit $status

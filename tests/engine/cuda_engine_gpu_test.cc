@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -368,17 +369,54 @@ TEST_P(CudaEngineTest, ABatchDecodesAsEachRequestAlone) {
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
 }
 
-// Pages the GPU engine exports, imported by the CPU engine, continue with the greedy tokens the
-// GPU engine itself continues with; and the other way round.
+// Next-token logits at positions [from, ids.size()) of `ids`, the K/V of the first pages imported
+// from `pages` (none: computed here too), the rest computed in chunks of 256.
+std::vector<float> LogitsFrom(Engine& e, const std::vector<int32_t>& ids,
+                              const std::vector<std::string>& pages, int64_t from) {
+  const int vocab = e.config().vocab_size;
+  SequenceKv seq;
+  seq.namespace_key = *e.PageNamespace("");
+  EXPECT_TRUE(e.cache().Reserve(seq, static_cast<int64_t>(ids.size())).ok());
+  seq.tokens = ids;
+  if (!pages.empty()) {
+    absl::StatusOr<int64_t> imported = e.cache().ImportPrefix(seq, pages);
+    EXPECT_TRUE(imported.ok()) << imported.status();
+  }
+  EXPECT_LE(seq.num_tokens, from);
+  std::vector<float> out;
+  for (int64_t pos = seq.num_tokens; pos < static_cast<int64_t>(ids.size());) {
+    const int n = static_cast<int>(std::min<int64_t>(256, static_cast<int64_t>(ids.size()) - pos));
+    std::vector<float> chunk;
+    const absl::Status s = e.backend().Forward({{&seq, pos, n, /*all_logits=*/true}}, &chunk);
+    EXPECT_TRUE(s.ok()) << s;
+    for (int t = 0; t < n; ++t) {
+      if (pos + t < from) continue;
+      out.insert(out.end(), chunk.begin() + static_cast<int64_t>(t) * vocab,
+                 chunk.begin() + static_cast<int64_t>(t + 1) * vocab);
+    }
+    pos += n;
+  }
+  e.cache().Release(seq);
+  return out;
+}
+
+// Pages the GPU engine exports, imported by the CPU engine, mean to it what they mean to the GPU
+// engine; and the other way round. Teacher-forced over the prompt's uncached tail and the
+// exporter's 16 greedy tokens: the importer's next-token distributions match the exporter's
+// (mean KL <= 1e-3) and pick the exporter's greedy token wherever the exporter's top two are
+// more than 0.1 nats apart. (Free-running greedy text is not compared: this prompt reaches a
+// four-way near tie, 0.03 nats wide, where any rounding picks a different word.)
 TEST_P(CudaEngineTest, PagesMoveBetweenCpuAndGpuEngines) {
   std::unique_ptr<Engine> cpu = Make(false), gpu = Make(true);
   ASSERT_TRUE(cpu && gpu);
   ASSERT_EQ(*cpu->PageNamespace(""), *gpu->PageNamespace(""));
+  const int vocab = cpu->config().vocab_size;
   const std::vector<int32_t> prompt = cpu->EncodeText(Licence("GPL-3").substr(0, 3600));
   ASSERT_GT(prompt.size(), 600u);
   for (bool from_gpu : {true, false}) {
     Engine& exporter = from_gpu ? *gpu : *cpu;
     Engine& importer = from_gpu ? *cpu : *gpu;
+    const char* direction = from_gpu ? "gpu -> cpu" : "cpu -> gpu";
     GenerationRequest publish = Greedy(exporter, prompt, 1);
     publish.publish_pages = true;
     absl::StatusOr<GenerationStats> exported = exporter.Generate(publish);
@@ -388,25 +426,48 @@ TEST_P(CudaEngineTest, PagesMoveBetweenCpuAndGpuEngines) {
     for (const ExportedPage& p : exported->published_pages) {
       if (p.page_index < cacheable) pages.push_back(p.bytes);
     }
-    ASSERT_FALSE(pages.empty());
-    const char* direction = from_gpu ? "gpu -> cpu" : "cpu -> gpu";
-    // The exporter continuing its own prefill, the importer continuing the exporter's pages
-    // (and, for comparison, its own prefill).
-    absl::StatusOr<GenerationStats> exporters = exporter.Generate(Greedy(exporter, prompt, 16));
-    absl::StatusOr<GenerationStats> own = importer.Generate(Greedy(importer, prompt, 16));
-    GenerationRequest cached = Greedy(importer, prompt, 16);
-    cached.cached_pages = pages;
-    absl::StatusOr<GenerationStats> reused = importer.Generate(cached);
-    ASSERT_TRUE(exporters.ok() && own.ok() && reused.ok()) << reused.status();
-    EXPECT_EQ(reused->cached_tokens, cacheable * 64) << direction;
-    EXPECT_EQ(reused->text, exporters->text) << direction;
-    // A BF16 cache is stable under rounding, so the importer's own prefill agrees too; an INT2
-    // one need not over 600 tokens (see NextTokenDistributionsMatchTheCpuEngine).
-    if (GetParam() == KvCacheFormat::kBf16) EXPECT_EQ(own->text, exporters->text) << direction;
-    fprintf(stderr, "%s, %s: imported pages continue as the exporter: %s; own prefill: %s\n",
-            KvCacheFormatName(GetParam()), direction,
-            reused->text == exporters->text ? "same" : "differs",
-            own->text == exporters->text ? "same" : "differs");
+    ASSERT_EQ(static_cast<int64_t>(pages.size()), cacheable);
+    // The exporter's greedy continuation, through its scheduler.
+    std::vector<int32_t> ids = prompt;
+    {
+      GenerationRequest r = Greedy(exporter, prompt, 16);
+      r.stop.ignore_eos = true;
+      const uint64_t id = *exporter.Submit(r);
+      std::vector<GenerationEvent> events;
+      while (!exporter.scheduler().idle()) {
+        events.clear();
+        ASSERT_TRUE(exporter.scheduler().Step(&events).ok());
+        for (const GenerationEvent& e : events) {
+          if (e.sequence_id == id && e.token >= 0) ids.push_back(e.token);
+        }
+      }
+    }
+    ASSERT_EQ(ids.size(), prompt.size() + 16);
+    const int64_t from = cacheable * 64;
+    const std::vector<float> want = LogitsFrom(exporter, ids, {}, from);
+    const std::vector<float> got = LogitsFrom(importer, ids, pages, from);
+    ASSERT_EQ(want.size(), got.size());
+    const Divergence d = Compare(want, got, vocab);
+    int compared = 0, ties = 0, differ = 0;
+    for (size_t r = 0; r + 1 < want.size() / vocab; ++r) {
+      const float* w = want.data() + r * vocab;
+      const float* g = got.data() + r * vocab;
+      std::vector<float> sorted(w, w + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] < 0.1f) {
+        ++ties;
+        continue;
+      }
+      ++compared;
+      differ += std::max_element(w, w + vocab) - w != std::max_element(g, g + vocab) - g;
+    }
+    fprintf(stderr,
+            "%s, %s: %zu pages imported; over %zu positions mean KL %.2e, max %.2e; greedy "
+            "token differs at %d of %d positions (%d near ties left out)\n",
+            KvCacheFormatName(GetParam()), direction, pages.size(), want.size() / vocab,
+            d.mean_kl, d.max_kl, differ, compared, ties);
+    EXPECT_LE(d.mean_kl, 1e-3) << direction;
+    EXPECT_EQ(differ, 0) << direction;
   }
 }
 

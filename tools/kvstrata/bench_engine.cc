@@ -267,8 +267,10 @@ int RunBenchEngine() {
   j["prompt_tokens"] = prompt_tokens;
   j["decode_tokens"] = decode_tokens;
   j["device"] = engines[0]->backend().Describe();
-  j["note"] = options->device.cuda ? "GPU timings: BF16 weights, cuBLAS GEMMs, kvstrata kernels"
-                                   : "CPU timings: fp32 OpenBLAS GEMMs";
+  j["note"] = options->device.cuda
+                  ? "GPU timings: cuBLAS GEMMs in the weights' type named by device, kvstrata "
+                    "kernels; decode_device_s is the device time of the decode steps"
+                  : "CPU timings";
   for (const Result& r : results) {
     j["results"].push_back({{"kv_format", r.format},
                             {"kv_format_string", r.format_string},
