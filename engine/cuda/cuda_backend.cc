@@ -229,7 +229,8 @@ absl::Status CudaBackend::Init() {
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
   KV_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_),
                           "cudaDeviceGetAttribute");
-  decode_ctas_per_sm_ = kernels::SplitDecodeCtasPerSm(cfg_.head_dim);
+  decode_ctas_per_sm_ = kernels::SplitDecodeCtasPerSm(
+      cfg_.head_dim, cache_->split() ? cache_->int2_encoding() : kernels::PageEncoding::kBf16);
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_), "cudaStreamCreate");
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_), "cudaEventCreate");
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_), "cudaEventCreate");
@@ -485,17 +486,21 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
       demote_dst.push_back(seq.int2_slot[p]);
     }
     const int64_t pages = (end + P - 1) / P;
-    if (split && it.n == 1) {
+    if (it.n == 1) {
       // Split decode: the sink, the history and the recent window of the one query at end - 1.
+      // In the BF16 format every page is BF16: the history is every full page after the sink.
       d_rows.push_back(offset[i]);
       const int64_t sink_end = std::min<int64_t>(sink_pages, pages);
-      const int64_t hist_end = std::max(sink_end, cache_->DemotedPagesEnd(end));
+      const int64_t hist_end =
+          std::max(sink_end, split ? cache_->DemotedPagesEnd(end) : (end - 1) / P);
       auto last_len = [&](int64_t page_end) {
         return static_cast<int32_t>(std::min<int64_t>(P, end - (page_end - 1) * P));
       };
       for (int64_t p = 0; p < sink_end; ++p) seg_indices[0].push_back(seq.bf16_slot[p]);
       seg_last[0].push_back(sink_end > 0 ? last_len(sink_end) : P);
-      for (int64_t p = sink_end; p < hist_end; ++p) seg_indices[1].push_back(seq.int2_slot[p]);
+      for (int64_t p = sink_end; p < hist_end; ++p) {
+        seg_indices[1].push_back(split ? seq.int2_slot[p] : seq.bf16_slot[p]);
+      }
       seg_last[1].push_back(P);
       for (int64_t p = hist_end; p < pages; ++p) seg_indices[2].push_back(seq.bf16_slot[p]);
       seg_last[2].push_back(pages > hist_end ? last_len(pages) : P);
@@ -597,12 +602,13 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
     d.num_q_heads = cfg_.num_heads;
     d.sm_scale = c.sm_scale;
     d.geometry = geo;
-    const kernels::PageEncoding encodings[3] = {kernels::PageEncoding::kBf16,
-                                                cache_->int2_encoding(),
-                                                kernels::PageEncoding::kBf16};
+    const kernels::PageEncoding encodings[3] = {
+        kernels::PageEncoding::kBf16,
+        split ? cache_->int2_encoding() : kernels::PageEncoding::kBf16,
+        kernels::PageEncoding::kBf16};
     for (int s = 0; s < 3; ++s) {
       kernels::PagedSegmentView& v = d.segments[s];
-      const PagePool& pool = s == 1 ? *cache_->int2_pool() : cache_->bf16_pool();
+      const PagePool& pool = s == 1 && split ? *cache_->int2_pool() : cache_->bf16_pool();
       v.pool = pool.base();
       v.slot_stride = pool.slot_bytes();
       v.indptr = dev(o_seg[s][0]);

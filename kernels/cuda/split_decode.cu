@@ -511,6 +511,127 @@ __global__ void __launch_bounds__(kThreads) Bf16PageKernel(SplitDecodeCudaParams
   }
 }
 
+// History in BF16 (the BF16 cache format, all of whose pages are BF16): a range of pages per
+// CTA as for INT2, each page staged in shared memory and attended with plain fp32 math, the
+// softmax carried online from page to page. Simpler than the INT2 kernel's tensor-core path;
+// it makes the BF16 format's decode a paged split decode like INT2's, so the two compare.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    Bf16HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, Workspace ws) {
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const KvGeometry& geo = p.geometry;
+  const int G = p.num_q_heads / geo.num_kv_heads;
+  const PagedSegmentView& seg = p.segments[kHistorySegment];
+  const int npages = seg.num_pages(b);
+  const int begin = split * pages_per_split;
+  const int end = min(npages, begin + pages_per_split);
+  const int64_t row0 = PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split);
+
+  __shared__ float s_q[kMaxGroup][D];
+  __shared__ uint32_t s_k[kPageTokens][D / 2 + 1];  // +1 word: rows fall in different banks
+  __shared__ uint32_t s_v[kPageTokens][D / 2];
+  __shared__ float s_p[kMaxGroup][kPageTokens];
+  __shared__ float s_m[kMaxGroup], s_l[kMaxGroup], s_alpha[kMaxGroup];
+  const float qscale = p.sm_scale * kLog2e;
+  for (int e = threadIdx.x; e < kMaxGroup * D; e += kThreads) {
+    const int n = e / D, d = e % D;
+    s_q[n][d] = n < G ? __bfloat162float(__ushort_as_bfloat16(
+                            p.q[(int64_t{b} * p.num_q_heads + h * G + n) * D + d])) *
+                            qscale
+                      : 0.0f;
+  }
+  if (threadIdx.x < kMaxGroup) {
+    s_m[threadIdx.x] = -INFINITY;
+    s_l[threadIdx.x] = 0.0f;
+  }
+  // This thread's outputs: channel d = threadIdx.x % D of heads n = threadIdx.x / D + k * (kThreads / D).
+  constexpr int kHeadStep = kThreads / D;  // 2 for D = 64, 1 for D = 128
+  const int d = threadIdx.x % D, n_first = threadIdx.x / D;
+  float o[kMaxGroup / kHeadStep];
+#pragma unroll
+  for (int j = 0; j < kMaxGroup / kHeadStep; ++j) o[j] = 0.0f;
+
+  for (int page = begin; page < end; ++page) {
+    const int tokens = page + 1 == npages ? seg.last_page_len[b] : geo.page_tokens;
+    const uint32_t* kb = reinterpret_cast<const uint32_t*>(seg.block(geo, b, page, p.layer, 0, h));
+    const uint32_t* vb = reinterpret_cast<const uint32_t*>(seg.block(geo, b, page, p.layer, 1, h));
+    __syncthreads();  // the previous page is done with the staging area
+    for (int w = threadIdx.x; w < tokens * D / 2; w += kThreads) {
+      s_k[w / (D / 2)][w % (D / 2)] = __ldg(kb + w);
+      s_v[w / (D / 2)][w % (D / 2)] = __ldg(vb + w);
+    }
+    __syncthreads();
+    {  // scores: thread -> (token, 4 heads)
+      const int tok = threadIdx.x % kPageTokens, n0h = (threadIdx.x / kPageTokens) * 4;
+      if (n0h < G) {
+        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (tok < tokens) {
+          for (int c = 0; c < D / 2; ++c) {
+            const uint32_t w = s_k[tok][c];
+            const float k0 = __uint_as_float(w << 16), k1 = __uint_as_float(w & 0xffff0000u);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float2 q2 = *reinterpret_cast<const float2*>(&s_q[n0h + j][2 * c]);
+              dot[j] += k0 * q2.x + k1 * q2.y;
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s_p[n0h + j][tok] = tok < tokens ? dot[j] : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // Online softmax: warp -> heads, lane -> tokens lane and lane + 32.
+    for (int n = warp; n < G; n += kWarps) {
+      const float a = s_p[n][lane], c = s_p[n][lane + 32];
+      float mx = fmaxf(a, c);
+      for (int x = 16; x > 0; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+      const float m_old = s_m[n], m_new = fmaxf(m_old, mx);  // a page has >= 1 token: finite
+      const float pa = exp2f(a - m_new), pc = exp2f(c - m_new);
+      float sum = pa + pc;
+      for (int x = 16; x > 0; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+      s_p[n][lane] = pa;
+      s_p[n][lane + 32] = pc;
+      __syncwarp();
+      if (lane == 0) {
+        const float alpha = exp2f(m_old - m_new);  // 0 on the first page (m_old = -inf)
+        s_alpha[n] = alpha;
+        s_l[n] = s_l[n] * alpha + sum;
+        s_m[n] = m_new;
+      }
+    }
+    __syncthreads();
+    // PV: every token's value of channel d, for each of this thread's heads.
+    float acc[kMaxGroup / kHeadStep];
+#pragma unroll
+    for (int j = 0; j < kMaxGroup / kHeadStep; ++j) acc[j] = 0.0f;
+    for (int tok = 0; tok < tokens; ++tok) {
+      const uint32_t w = s_v[tok][d / 2];
+      const float v = __uint_as_float(d % 2 ? (w & 0xffff0000u) : (w << 16));
+#pragma unroll
+      for (int j = 0; j < kMaxGroup / kHeadStep; ++j) {
+        const int n = n_first + j * kHeadStep;
+        if (n < G) acc[j] += s_p[n][tok] * v;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxGroup / kHeadStep; ++j) {
+      const int n = n_first + j * kHeadStep;
+      if (n < G) o[j] = o[j] * s_alpha[n] + acc[j];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kMaxGroup / kHeadStep; ++j) {
+    const int n = n_first + j * kHeadStep;
+    if (n >= G) continue;
+    const float L = s_l[n];
+    ws.part_o[(row0 + n) * D + d] = L > 0.0f ? o[j] / L : 0.0f;
+    if (d == 0) ws.part_lse[row0 + n] = L > 0.0f ? (s_m[n] + log2f(L)) * kLn2 : -INFINITY;
+  }
+}
+
 template <int D>
 __global__ void MergeKernel(SplitDecodeCudaParams p, Workspace ws) {
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
@@ -562,12 +683,19 @@ __global__ void FillKernel(uint8_t* pool, int64_t stride, int num_pages, KvGeome
 
 }  // namespace
 
-int SplitDecodeCtasPerSm(int head_dim) {
+int SplitDecodeCtasPerSm(int head_dim, PageEncoding history) {
   int blocks = 0;
+  const bool bf16 = history == PageEncoding::kBf16;
   const cudaError_t e =
       head_dim == 64
-          ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<64>, kThreads, 0)
-          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<128>, kThreads, 0);
+          ? (bf16 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Bf16HistoryKernel<64>,
+                                                                 kThreads, 0)
+                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<64>,
+                                                                 kThreads, 0))
+          : (bf16 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Bf16HistoryKernel<128>,
+                                                                 kThreads, 0)
+                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<128>,
+                                                                 kThreads, 0));
   return e == cudaSuccess && blocks > 0 ? blocks : 1;
 }
 
@@ -598,10 +726,11 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
 cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodePlan& plan,
                               void* workspace, cudaStream_t stream) {
   const KvGeometry& g = p.geometry;
+  const bool bf16_history = p.segments[kHistorySegment].encoding == PageEncoding::kBf16;
   if (g.num_kv_heads <= 0 || p.num_q_heads % g.num_kv_heads != 0 ||
       p.num_q_heads / g.num_kv_heads > kMaxGroup || g.page_tokens != kPageTokens ||
-      g.group_size != g.head_dim ||
-      p.segments[kHistorySegment].encoding != PageEncoding::kInt2Uniform ||
+      (bf16_history ? false : g.group_size != g.head_dim) ||
+      (!bf16_history && p.segments[kHistorySegment].encoding != PageEncoding::kInt2Uniform) ||
       p.segments[0].encoding != PageEncoding::kBf16 ||
       p.segments[2].encoding != PageEncoding::kBf16) {
     return cudaErrorInvalidValue;
@@ -614,8 +743,13 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
   ws.part_o = static_cast<float*>(workspace);
   ws.part_lse = ws.part_o + rows * g.head_dim;
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
-    Int2HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
-        p, plan.pages_per_split, ws);
+    if (bf16_history) {
+      Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
+          p, plan.pages_per_split, ws);
+    } else {
+      Int2HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
+          p, plan.pages_per_split, ws);
+    }
     Bf16PageKernel<D>
         <<<dim3(plan.window_pages, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(p, ws);
     MergeKernel<D><<<p.batch * p.num_q_heads, D, 0, stream>>>(p, ws);

@@ -3,7 +3,8 @@
 // Split decode attention on the GPU (docs/kv-format.md §5): per sequence and KV head, the INT2
 // history is cut into page ranges processed in parallel on tensor cores (flash-decoding), the
 // BF16 sink and recent window get one partial each, and a merge kernel combines every partial
-// (o, lse) exactly. CPU reference: SplitDecodeAttentionRef (kernels/attention_ref.h).
+// (o, lse) exactly. A BF16 history segment (the BF16 cache format) is split the same way and
+// attended with fp32 math instead. CPU reference: SplitDecodeAttentionRef (kernels/attention_ref.h).
 //
 // Plan on the host (PlanSplitDecode), then LaunchSplitDecode allocates nothing, so a decode
 // step can be captured in a CUDA graph.
@@ -23,7 +24,8 @@ struct SplitDecodeCudaParams {
   int layer = 0;
   float sm_scale = 0.0f;
   KvGeometry geometry;  // INT2: group_size == head_dim, page_tokens == 64
-  // sink (BF16), history (INT2 uniform levels, full pages), recent (BF16); device pointers.
+  // sink (BF16), history (INT2 uniform levels or BF16, full pages), recent (BF16); device
+  // pointers.
   PagedSegmentView segments[3];
   float* out = nullptr;  // device [batch][num_q_heads][head_dim], rotated value space
   float* lse = nullptr;  // device [batch][num_q_heads] natural log, or null
@@ -39,15 +41,16 @@ struct SplitDecodePlan {
 // max_history_pages / max_window_pages: the most INT2 pages, and the most BF16 pages (sink plus
 // recent), any sequence of the batch has (or will have while the plan is reused). num_sms: the
 // device's multiprocessor count.
-// ctas_per_sm: SplitDecodeCtasPerSm(head_dim) on the device that will run the plan.
+// ctas_per_sm: SplitDecodeCtasPerSm(head_dim, history encoding) on the device that will run it.
 SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int max_history_pages,
                                 int max_window_pages, int num_sms, int ctas_per_sm);
 
-// How many history-kernel CTAs fit on one multiprocessor (a device query; 1 on failure).
-int SplitDecodeCtasPerSm(int head_dim);
+// How many history-kernel CTAs fit on one multiprocessor (a device query; 1 on failure), for an
+// INT2 (uniform) or a BF16 history.
+int SplitDecodeCtasPerSm(int head_dim, PageEncoding history = PageEncoding::kInt2Uniform);
 
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
-// INT2 group_size != head_dim, Lloyd-Max history). `workspace` holds plan.workspace_bytes.
+// INT2 history with group_size != head_dim or Lloyd-Max levels). `workspace` holds plan.workspace_bytes.
 cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& params, const SplitDecodePlan& plan,
                               void* workspace, cudaStream_t stream);
 

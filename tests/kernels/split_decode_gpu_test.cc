@@ -29,6 +29,7 @@ struct Case {
   int head_dim, kv_heads, group, layers;
   std::vector<int> sink, history_pages, recent;
   int fake_sms = 0;  // 0: the device's; more forces smaller page ranges
+  PageEncoding history = PageEncoding::kInt2Uniform;  // kBf16: the BF16 cache format
 };
 
 double RunCase(const Case& c, uint32_t seed) {
@@ -36,7 +37,7 @@ double RunCase(const Case& c, uint32_t seed) {
   const KvGeometry g{c.layers, c.kv_heads, d, d, 64};
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
-  Pool pools[3] = {{PageEncoding::kBf16}, {PageEncoding::kInt2Uniform}, {PageEncoding::kBf16}};
+  Pool pools[3] = {{PageEncoding::kBf16}, {c.history}, {PageEncoding::kBf16}};
   for (int s = 0; s < 3; ++s) {
     Pool& pool = pools[s];
     pool.stride = PageBytes(g, pool.encoding) + 128;
@@ -125,8 +126,9 @@ double RunCase(const Case& c, uint32_t seed) {
     max_pages = std::max(max_pages, c.history_pages[b]);
     max_window = std::max(max_window, (c.sink[b] + 63) / 64 + (c.recent[b] + 63) / 64);
   }
-  const SplitDecodePlan plan = PlanSplitDecode(batch, c.kv_heads, d, max_pages, max_window, sms,
-                                               c.fake_sms ? 1 : SplitDecodeCtasPerSm(d));
+  const SplitDecodePlan plan =
+      PlanSplitDecode(batch, c.kv_heads, d, max_pages, max_window, sms,
+                      c.fake_sms ? 1 : SplitDecodeCtasPerSm(d, c.history));
   void* workspace = nullptr;
   EXPECT_EQ(cudaMalloc(&workspace, plan.workspace_bytes), cudaSuccess);
   EXPECT_EQ(LaunchSplitDecode(p, plan, workspace, nullptr), cudaSuccess);
@@ -174,6 +176,19 @@ TEST(SplitDecodeGpu, MatchesCpuReference) {
       }
     }
   }
+  // BF16 history (the BF16 cache format) over the same shapes
+  for (int d : {64, 128}) {
+    for (int group : {1, 3, 4, 8}) {
+      for (int fake_sms : {0, 4000}) {
+        Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 64}, fake_sms,
+               PageEncoding::kBf16};
+        worst = std::max(worst, RunCase(c, seed++));
+        ++shapes;
+      }
+    }
+  }
+  worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {300}, {33}, 0, PageEncoding::kBf16}, 98));
+  ++shapes;
   // single sequence, long history, head_dim 128, GQA 4 (the benchmark shape, shortened)
   worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {300}, {256}, 0}, 99));
   ++shapes;
