@@ -1,0 +1,235 @@
+// kvstrata-loadtest: load for a kvstrata router or decode worker — shared-prefix chat or a
+// Mooncake trace, open loop (Poisson or gamma arrivals, or the trace's own timestamps) or
+// closed loop — with a progress line, a summary, and JSON and CSV of every request.
+// docs/loadtest.md has the workloads, the measures and examples.
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "loadtest/client.h"
+#include "loadtest/report.h"
+#include "loadtest/workload.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50070",
+          "HOST:PORT of a kvstrata router (or of one decode worker)");
+ABSL_FLAG(std::string, workload, "shared-prefix", "shared-prefix or trace");
+// shared-prefix
+ABSL_FLAG(int, groups, 8, "shared-prefix: groups, each with its own system prompt");
+ABSL_FLAG(int, prompts_per_group, 16, "shared-prefix: requests per group");
+ABSL_FLAG(int, system_tokens, 600, "shared-prefix: system prompt length, about, in tokens");
+ABSL_FLAG(int, question_tokens, 40, "shared-prefix: question length, about, in tokens");
+ABSL_FLAG(uint32_t, max_tokens, 32, "shared-prefix: tokens to generate per request");
+ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3",
+          "shared-prefix: real English text the prompts are cut from");
+// trace
+ABSL_FLAG(std::string, trace, "", "trace: a Mooncake JSONL file (timestamp, input_length, "
+                                  "output_length, hash_ids)");
+ABSL_FLAG(int64_t, trace_requests, 0, "trace: replay only the first N requests (0: all)");
+ABSL_FLAG(double, trace_scale, 1.0,
+          "trace: scale every length by this (0, 1]: blocks become 512 x scale tokens, "
+          "input_length and output_length are scaled alike, so a CPU cluster can replay it");
+ABSL_FLAG(double, speedup, 1.0, "trace: divide the trace's timestamps by this");
+// arrivals
+ABSL_FLAG(std::string, arrivals, "closed",
+          "closed (--concurrency in flight), poisson or gamma (at --rate), or trace (the "
+          "trace's timestamps / --speedup)");
+ABSL_FLAG(int, concurrency, 8, "closed loop: requests kept in flight");
+ABSL_FLAG(double, rate, 4.0, "poisson/gamma: requests per second");
+ABSL_FLAG(double, burstiness, 1.0, "gamma: 1 / shape of the gaps (1 = Poisson, >1 burstier)");
+ABSL_FLAG(double, duration_s, 0, "stop sending after this many seconds (0: send every request)");
+ABSL_FLAG(int64_t, warmup, 0, "the first N requests are sent but left out of the summary");
+ABSL_FLAG(int64_t, deadline_ms, 0, "deadline of each request (0: none)");
+ABSL_FLAG(int, channels, 4, "gRPC connections the streams are spread over");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the workload and the arrivals");
+// measures and output
+ABSL_FLAG(double, slo_ttft_ms, 0, "goodput: a request counts when its TTFT is at most this");
+ABSL_FLAG(double, slo_tpot_ms, 0, "goodput: ... and its time per output token at most this");
+ABSL_FLAG(std::string, json, "", "write the summary and every request as JSON here");
+ABSL_FLAG(std::string, csv, "", "write every request as CSV here");
+ABSL_FLAG(double, progress_interval_s, 2.0, "a progress line on stderr this often (0: none)");
+
+namespace kvstrata::loadtest {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "kvstrata-loadtest: %s (see --help)\n", message.c_str());
+  return 2;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "kvstrata-loadtest: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+int Main() {
+  const std::string target = absl::GetFlag(FLAGS_target);
+  const std::string workload = absl::GetFlag(FLAGS_workload);
+  const std::string arrivals = absl::GetFlag(FLAGS_arrivals);
+  if (workload != "shared-prefix" && workload != "trace") {
+    return Usage(absl::StrCat("--workload=", workload, ": expected shared-prefix or trace"));
+  }
+  if (arrivals != "closed" && arrivals != "poisson" && arrivals != "gamma" && arrivals != "trace") {
+    return Usage(absl::StrCat("--arrivals=", arrivals, ": expected closed, poisson, gamma or trace"));
+  }
+  if (arrivals == "trace" && workload != "trace") {
+    return Usage("--arrivals=trace needs --workload=trace");
+  }
+  if ((arrivals == "poisson" || arrivals == "gamma") && !(absl::GetFlag(FLAGS_rate) > 0)) {
+    return Usage("--rate must be > 0");
+  }
+  if (!(absl::GetFlag(FLAGS_burstiness) > 0)) return Usage("--burstiness must be > 0");
+  if (!(absl::GetFlag(FLAGS_speedup) > 0)) return Usage("--speedup must be > 0");
+  const double scale = absl::GetFlag(FLAGS_trace_scale);
+  if (!(scale > 0 && scale <= 1)) return Usage("--trace_scale must be in (0, 1]");
+
+  absl::StatusOr<TargetInfo> info = GetTargetInfo(target, 10000);
+  if (!info.ok()) return Fail(info.status());
+  std::fprintf(stderr, "kvstrata-loadtest: %s %s, model %s, vocabulary %u, context %u tokens%s\n",
+               info->role.c_str(), target.c_str(), info->model.c_str(), info->vocab_size,
+               info->max_context_tokens,
+               info->role == "router" ? absl::StrCat(", ", info->available_workers, " workers").c_str()
+                                      : "");
+
+  std::vector<RequestSpec> requests;
+  std::vector<double> send_at;
+  if (workload == "shared-prefix") {
+    std::ifstream in(absl::GetFlag(FLAGS_text_file));
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.empty()) return Usage(absl::StrCat("--text_file ", absl::GetFlag(FLAGS_text_file),
+                                                ": missing or empty"));
+    SharedPrefixOptions o;
+    o.groups = absl::GetFlag(FLAGS_groups);
+    o.prompts_per_group = absl::GetFlag(FLAGS_prompts_per_group);
+    o.system_tokens = absl::GetFlag(FLAGS_system_tokens);
+    o.question_tokens = absl::GetFlag(FLAGS_question_tokens);
+    o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    o.seed = absl::GetFlag(FLAGS_seed);
+    absl::StatusOr<std::vector<RequestSpec>> r = SharedPrefixRequests(o, text);
+    if (!r.ok()) return Usage(std::string(r.status().message()));
+    requests = *std::move(r);
+  } else {
+    if (absl::GetFlag(FLAGS_trace).empty()) return Usage("--workload=trace needs --trace FILE");
+    absl::StatusOr<std::vector<TraceRecord>> trace =
+        ReadTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_trace_requests));
+    if (!trace.ok()) return Fail(trace.status());
+    BlockMapping m;
+    m.block_tokens = std::max(1, static_cast<int>(std::lround(512 * scale)));
+    m.end_id = info->vocab_size > 512 ? info->vocab_size - 256 : 32000;
+    int64_t too_long = 0;
+    for (const TraceRecord& t : *trace) {
+      absl::StatusOr<std::vector<uint32_t>> prompt = TracePrompt(t, m);
+      if (!prompt.ok()) return Fail(prompt.status());
+      RequestSpec r;
+      r.token_ids = *std::move(prompt);
+      r.max_tokens = std::max<uint32_t>(1, static_cast<uint32_t>(std::lround(t.output_length * scale)));
+      r.ignore_eos = true;
+      r.group = "trace";
+      r.trace_time_s = t.timestamp_ms / 1e3;
+      if (info->max_context_tokens > 0 &&
+          r.token_ids.size() + r.max_tokens > info->max_context_tokens) {
+        ++too_long;  // sent anyway: the server answers OUT_OF_RANGE, which the report counts
+      }
+      requests.push_back(std::move(r));
+    }
+    if (too_long > 0) {
+      std::fprintf(stderr,
+                   "kvstrata-loadtest: %lld requests exceed the %u-token context at this scale "
+                   "(lower --trace_scale); they will come back OUT_OF_RANGE\n",
+                   static_cast<long long>(too_long), info->max_context_tokens);
+    }
+    if (arrivals == "trace") {
+      const double t0 = requests.front().trace_time_s;
+      for (const RequestSpec& r : requests) {
+        send_at.push_back((r.trace_time_s - t0) / absl::GetFlag(FLAGS_speedup));
+      }
+    }
+  }
+  if (arrivals == "poisson" || arrivals == "gamma") {
+    send_at = GammaArrivals(static_cast<int64_t>(requests.size()), absl::GetFlag(FLAGS_rate),
+                            arrivals == "poisson" ? 1.0 : absl::GetFlag(FLAGS_burstiness),
+                            absl::GetFlag(FLAGS_seed));
+  }
+
+  RunOptions o;
+  o.target = target;
+  o.channels = absl::GetFlag(FLAGS_channels);
+  o.send_at = std::move(send_at);
+  o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  o.duration_s = absl::GetFlag(FLAGS_duration_s);
+  o.warmup_requests = absl::GetFlag(FLAGS_warmup);
+  o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  o.progress_interval_s = absl::GetFlag(FLAGS_progress_interval_s);
+  o.stop = &g_stop;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::fprintf(stderr, "kvstrata-loadtest: %zu %s requests, %s arrivals%s\n", requests.size(),
+               workload.c_str(), arrivals.c_str(),
+               arrivals == "closed" ? absl::StrCat(", ", o.concurrency, " in flight").c_str() : "");
+  const double cpu0 = CpuSeconds();
+  absl::StatusOr<RunResult> run = RunLoad(requests, o);
+  if (!run.ok()) return Fail(run.status());
+  const double cpu = CpuSeconds() - cpu0;
+
+  Slo slo{absl::GetFlag(FLAGS_slo_ttft_ms), absl::GetFlag(FLAGS_slo_tpot_ms)};
+  const Summary s = Summarise(run->records, slo, cpu, run->wall_s, std::thread::hardware_concurrency());
+  std::printf("%s", FormatSummary(s, slo).c_str());
+  if (g_stop.load()) std::printf("(stopped early: %zu of %zu requests sent)\n", run->records.size(), requests.size());
+
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    nlohmann::json j;
+    j["target"] = target;
+    j["role"] = info->role;
+    j["model"] = info->model;
+    j["workload"] = workload;
+    j["arrivals"] = arrivals;
+    j["summary"] = SummaryJson(s, slo);
+    j["requests"] = nlohmann::json::array();
+    for (const RequestRecord& r : run->records) j["requests"].push_back(RecordJson(r));
+    std::ofstream f(path);
+    f << j.dump(1) << "\n";
+    if (!f) return Fail(absl::UnavailableError(absl::StrCat("cannot write --json ", path)));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
+    std::ofstream f(path);
+    f << CsvHeader();
+    for (const RequestRecord& r : run->records) f << CsvLine(r);
+    if (!f) return Fail(absl::UnavailableError(absl::StrCat("cannot write --csv ", path)));
+  }
+  return s.ok == s.requests ? 0 : 3;
+}
+
+}  // namespace
+}  // namespace kvstrata::loadtest
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "load for a kvstrata router or worker: shared-prefix chat or a Mooncake trace, open or "
+      "closed loop; prints a summary (TTFT, inter-token, end-to-end latency, throughput, "
+      "goodput, errors, cache hit ratio) and writes every request as JSON/CSV. Exit status 3 "
+      "when some requests failed. docs/loadtest.md");
+  absl::ParseCommandLine(argc, argv);
+  return kvstrata::loadtest::Main();
+}

@@ -1,0 +1,155 @@
+#include "loadtest/workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvstrata::loadtest {
+
+absl::StatusOr<TraceRecord> ParseTraceLine(std::string_view line, int line_number) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("trace line ", line_number, ": ", what));
+  };
+  if (!j.is_object()) return bad("not a JSON object");
+  TraceRecord r;
+  for (const char* field : {"timestamp", "input_length", "output_length", "hash_ids"}) {
+    if (!j.contains(field)) return bad(absl::StrCat("no \"", field, "\""));
+  }
+  if (!j["timestamp"].is_number() || j["timestamp"].get<double>() < 0) {
+    return bad("\"timestamp\" must be a number >= 0 (ms)");
+  }
+  for (const char* field : {"input_length", "output_length"}) {
+    if (!j[field].is_number_unsigned() && !(j[field].is_number_integer() && j[field] >= 0)) {
+      return bad(absl::StrCat("\"", field, "\" must be an integer >= 0"));
+    }
+  }
+  if (!j["hash_ids"].is_array()) return bad("\"hash_ids\" must be an array");
+  r.timestamp_ms = j["timestamp"].get<double>();
+  r.input_length = j["input_length"].get<uint32_t>();
+  r.output_length = j["output_length"].get<uint32_t>();
+  for (const auto& h : j["hash_ids"]) {
+    if (!h.is_number_integer()) return bad("\"hash_ids\" must hold integers");
+    r.hash_ids.push_back(h.get<int64_t>());
+  }
+  return r;
+}
+
+absl::StatusOr<std::vector<TraceRecord>> ReadTrace(const std::string& path, int64_t limit) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the trace file ", path));
+  std::vector<TraceRecord> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    absl::StatusOr<TraceRecord> r = ParseTraceLine(line, n);
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", r.status().message()));
+    out.push_back(*std::move(r));
+    if (limit > 0 && static_cast<int64_t>(out.size()) >= limit) break;
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no requests"));
+  return out;
+}
+
+std::vector<uint32_t> BlockTokens(int64_t hash_id, const BlockMapping& m) {
+  // splitmix64 over (hash id, position): no state shared between blocks.
+  std::vector<uint32_t> ids(m.block_tokens);
+  const uint64_t span = m.end_id > m.first_id ? m.end_id - m.first_id : 1;
+  for (int i = 0; i < m.block_tokens; ++i) {
+    uint64_t x = static_cast<uint64_t>(hash_id) * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    ids[i] = m.first_id + static_cast<uint32_t>(x % span);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<uint32_t>> TracePrompt(const TraceRecord& r, const BlockMapping& m) {
+  const uint64_t want = std::max<uint64_t>(
+      1, static_cast<uint64_t>(std::llround(static_cast<double>(r.input_length) * m.block_tokens / 512.0)));
+  if (r.hash_ids.size() * static_cast<uint64_t>(m.block_tokens) < want) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "input_length ", r.input_length, " needs more than its ", r.hash_ids.size(), " blocks"));
+  }
+  std::vector<uint32_t> prompt;
+  prompt.reserve(want);
+  for (int64_t h : r.hash_ids) {
+    if (prompt.size() >= want) break;
+    const std::vector<uint32_t> block = BlockTokens(h, m);
+    prompt.insert(prompt.end(), block.begin(), block.end());
+  }
+  prompt.resize(want);
+  return prompt;
+}
+
+namespace {
+
+// About `tokens` tokens of `text` from byte `at` (wrapping), cut at word boundaries.
+std::string TextSlice(std::string_view text, size_t at, int tokens) {
+  const size_t chars = static_cast<size_t>(tokens) * 4;
+  std::string out;
+  size_t i = at % text.size();
+  while (i < text.size() && text[i] != ' ' && text[i] != '\n') ++i;  // start on a word
+  while (out.size() < chars) {
+    if (i >= text.size()) i = 0;
+    const char c = text[i++];
+    out.push_back(c == '\n' || c == '\t' ? ' ' : c);
+  }
+  while (!out.empty() && out.back() != ' ') out.pop_back();
+  if (out.empty()) out = std::string(text.substr(0, std::min(chars, text.size())));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RequestSpec>> SharedPrefixRequests(const SharedPrefixOptions& o,
+                                                             std::string_view text) {
+  if (o.groups < 1 || o.prompts_per_group < 1) {
+    return absl::InvalidArgumentError("--groups and --prompts_per_group must be >= 1");
+  }
+  if (o.system_tokens < 1 || o.question_tokens < 1) {
+    return absl::InvalidArgumentError("--system_tokens and --question_tokens must be >= 1");
+  }
+  if (text.size() < 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the text file holds ", text.size(), " bytes; at least 4096 are needed"));
+  }
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<size_t> offset(0, text.size() - 1);
+  std::vector<RequestSpec> out;
+  for (int g = 0; g < o.groups; ++g) {
+    const std::string system =
+        absl::StrCat("You are assistant number ", g, ". Background: ",
+                     TextSlice(text, offset(rng), o.system_tokens));
+    for (int p = 0; p < o.prompts_per_group; ++p) {
+      RequestSpec r;
+      r.messages = {{"system", system},
+                    {"user", absl::StrCat("Summarise this: ",
+                                          TextSlice(text, offset(rng), o.question_tokens))}};
+      r.max_tokens = o.max_tokens;
+      r.group = absl::StrCat("g", g);
+      out.push_back(std::move(r));
+    }
+  }
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+std::vector<double> GammaArrivals(int64_t n, double rate, double burstiness, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const double shape = 1.0 / std::max(burstiness, 1e-6);
+  std::gamma_distribution<double> gap(shape, 1.0 / (rate * shape));  // mean 1 / rate
+  std::vector<double> at(n);
+  double t = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    at[i] = t;
+    t += gap(rng);
+  }
+  return at;
+}
+
+}  // namespace kvstrata::loadtest

@@ -1,0 +1,161 @@
+// kvstrata-loadtest against the real thing: a router and two decode workers on the default model
+// as processes, a short shared-prefix run in a closed loop and a scaled trace replay in an open
+// loop, checked through the tool's JSON against what the workloads imply.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvstrata/v1/generate.grpc.pb.h"
+#include "tests/testing/loopback.h"
+#include "tests/testing/process.h"
+
+namespace kvstrata {
+namespace {
+
+using test_util::Child;
+
+struct ToolRun {
+  int exit_code = -1;
+  nlohmann::json report;
+  std::string output;
+};
+
+ToolRun LoadTest(const std::vector<std::string>& args) {
+  const std::string dir = ::testing::TempDir();
+  const std::string json = absl::StrCat(dir, "loadtest_", getpid(), ".json");
+  const std::string out = absl::StrCat(dir, "loadtest_", getpid(), ".out");
+  std::string cmd = KVSTRATA_LOADTEST_BINARY;
+  for (const std::string& a : args) absl::StrAppend(&cmd, " '", a, "'");
+  absl::StrAppend(&cmd, " --json=", json, " --progress_interval_s=1 >", out, " 2>&1");
+  ToolRun r;
+  const int status = std::system(cmd.c_str());
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream o(out);
+  r.output.assign(std::istreambuf_iterator<char>(o), std::istreambuf_iterator<char>());
+  std::ifstream j(json);
+  if (j) r.report = nlohmann::json::parse(j, nullptr, false);
+  std::remove(json.c_str());
+  return r;
+}
+
+class LoadTestCluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* model = std::getenv("KVSTRATA_MODEL");
+    if (model == nullptr || !std::ifstream(model)) GTEST_SKIP() << "no default model";
+    target_ = absl::StrCat("127.0.0.1:", test_util::FreePort());
+    children_.push_back(std::make_unique<Child>(
+        "router", KVSTRATA_ROUTER_BINARY,
+        std::vector<std::string>{absl::StrCat("--listen=", target_),
+                                 absl::StrCat("--metrics_listen=127.0.0.1:", test_util::FreePort()),
+                                 absl::StrCat("--model=", model), "--heartbeat_interval_ms=200",
+                                 "--shutdown_grace_ms=500"}));
+    for (int i = 0; i < 2; ++i) {
+      const std::string address = absl::StrCat("127.0.0.1:", test_util::FreePort());
+      children_.push_back(std::make_unique<Child>(
+          absl::StrCat("decode-", i), KVSTRATA_DECODE_BINARY,
+          std::vector<std::string>{
+              absl::StrCat("--listen=", address),
+              absl::StrCat("--metrics_listen=127.0.0.1:", test_util::FreePort()),
+              absl::StrCat("--model=", model), absl::StrCat("--worker_id=decode-", i),
+              absl::StrCat("--router=", target_), "--kv_cache_mb=192", "--local_cache_mb=128",
+              "--shutdown_grace_ms=500"}));
+      ASSERT_TRUE(test_util::WaitServing(address, "kvstrata.v1.Generation", *children_.back(),
+                                         absl::Seconds(120)));
+    }
+    auto stub = v1::Generation::NewStub(test_util::Channel(target_));
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
+      grpc::ClientContext context;
+      v1::ServerInfo info;
+      if (stub->GetServerInfo(&context, {}, &info).ok() && info.available_workers() == 2) return;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    FAIL() << "the workers did not register";
+  }
+
+  void TearDown() override {
+    for (auto it = children_.rbegin(); it != children_.rend(); ++it) (*it)->Stop(SIGTERM);
+    if (HasFailure()) {
+      for (const auto& c : children_) fprintf(stderr, "---- %s ----\n%s\n", c->name().c_str(), c->LogTail().c_str());
+    }
+  }
+
+  std::string target_;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+TEST_F(LoadTestCluster, SharedPrefixGroupsHitTheirCachedSystemPrompt) {
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--workload=shared-prefix",
+                          "--groups=2", "--prompts_per_group=6", "--system_tokens=300",
+                          "--question_tokens=20", "--max_tokens=6", "--arrivals=closed",
+                          "--concurrency=3", "--slo_ttft_ms=60000"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.report.is_object()) << r.output;
+  const nlohmann::json& s = r.report["summary"];
+  EXPECT_EQ(s["requests"], 12);
+  EXPECT_EQ(s["ok"], 12);
+  EXPECT_EQ(s["good"], 12);
+  EXPECT_EQ(r.report["requests"].size(), 12u);
+  // Independent count from the records: at most the first request of each group computes its
+  // system prompt (two more may start before it lands); the others reuse whole pages of it.
+  int hits = 0;
+  int64_t prompt = 0, cached = 0;
+  for (const auto& q : r.report["requests"]) {
+    EXPECT_EQ(q["status"], "OK");
+    EXPECT_GT(q["ttft_ms"].get<double>(), 0);
+    EXPECT_EQ(q["completion_tokens"], 6);
+    prompt += q["prompt_tokens"].get<int64_t>();
+    cached += q["cached_local_tokens"].get<int64_t>() + q["cached_kvstore_tokens"].get<int64_t>();
+    if (q["cached_local_tokens"].get<int>() >= 256) ++hits;
+  }
+  EXPECT_GE(hits, 6);
+  EXPECT_NEAR(s["hit_ratio"].get<double>(), static_cast<double>(cached) / prompt, 1e-9);
+  EXPECT_GT(s["hit_ratio"].get<double>(), 0.3);
+  EXPECT_EQ(s["ttft_ms"]["n"], 12);
+  EXPECT_GT(s["itl_ms"]["n"].get<int>(), 0);
+  EXPECT_NE(r.output.find("time to first token"), std::string::npos);
+  EXPECT_NE(r.output.find("sent "), std::string::npos) << "no progress line";
+}
+
+TEST_F(LoadTestCluster, AScaledTraceReplaysWithItsLengths) {
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--workload=trace",
+                          "--trace=tests/loadtest/data/mooncake_conversation_head.jsonl",
+                          "--trace_requests=8", "--trace_scale=0.03125", "--arrivals=poisson",
+                          "--rate=20"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.report.is_object()) << r.output;
+  ASSERT_EQ(r.report["requests"].size(), 8u);
+  // Lengths from the trace file itself, scaled by 1/32 as the flag says.
+  std::ifstream in("tests/loadtest/data/mooncake_conversation_head.jsonl");
+  std::string line;
+  for (int i = 0; i < 8 && std::getline(in, line); ++i) {
+    const nlohmann::json t = nlohmann::json::parse(line);
+    const auto& q = r.report["requests"][i];
+    EXPECT_EQ(q["status"], "OK") << q.dump();
+    EXPECT_EQ(q["prompt_tokens"], std::lround(t["input_length"].get<double>() / 32)) << i;
+    EXPECT_EQ(q["completion_tokens"],
+              std::max<long>(1, std::lround(t["output_length"].get<double>() / 32)))
+        << i;
+    EXPECT_EQ(q["finish_reason"], "length");
+  }
+}
+
+TEST_F(LoadTestCluster, BadFlagsAreNamed) {
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--arrivals=sometimes"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--arrivals=sometimes"), std::string::npos) << r.output;
+  const ToolRun t = LoadTest({absl::StrCat("--target=", target_), "--workload=trace"});
+  EXPECT_EQ(t.exit_code, 2);
+  EXPECT_NE(t.output.find("--trace"), std::string::npos) << t.output;
+}
+
+}  // namespace
+}  // namespace kvstrata

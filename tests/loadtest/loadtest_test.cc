@@ -1,0 +1,216 @@
+// kvstrata-loadtest's parts that need no server: the trace parser, the block-to-token mapping,
+// the shared-prefix workload, the arrival process and the statistics.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "loadtest/report.h"
+#include "loadtest/workload.h"
+
+namespace kvstrata::loadtest {
+namespace {
+
+TEST(TraceTest, ParsesALineAndNamesWhatIsWrong) {
+  absl::StatusOr<TraceRecord> r = ParseTraceLine(
+      R"({"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48]})",
+      3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->timestamp_ms, 27482);
+  EXPECT_EQ(r->input_length, 6955u);
+  EXPECT_EQ(r->output_length, 52u);
+  EXPECT_EQ(r->hash_ids, (std::vector<int64_t>{46, 47, 48}));
+
+  absl::StatusOr<TraceRecord> missing =
+      ParseTraceLine(R"({"timestamp": 1, "input_length": 5, "hash_ids": []})", 7);
+  EXPECT_TRUE(absl::IsInvalidArgument(missing.status()));
+  EXPECT_NE(missing.status().message().find("line 7"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("output_length"), std::string::npos);
+  EXPECT_FALSE(ParseTraceLine("{not json", 1).ok());
+  EXPECT_FALSE(ParseTraceLine(
+                   R"({"timestamp": -1, "input_length": 5, "output_length": 1, "hash_ids": []})", 1)
+                   .ok());
+  EXPECT_FALSE(ParseTraceLine(
+                   R"({"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": ["a"]})",
+                   1)
+                   .ok());
+}
+
+TEST(TraceTest, ReadsTheCommittedSliceOfTheMooncakeTrace) {
+  absl::StatusOr<std::vector<TraceRecord>> t =
+      ReadTrace("tests/loadtest/data/mooncake_conversation_head.jsonl", 0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->size(), 40u);
+  // Every request of the trace starts with block 0 (its README says so).
+  for (const TraceRecord& r : *t) EXPECT_EQ(r.hash_ids.front(), 0);
+  absl::StatusOr<std::vector<TraceRecord>> five =
+      ReadTrace("tests/loadtest/data/mooncake_conversation_head.jsonl", 5);
+  ASSERT_TRUE(five.ok());
+  EXPECT_EQ(five->size(), 5u);
+  EXPECT_TRUE(absl::IsNotFound(ReadTrace("no/such/trace.jsonl", 0).status()));
+}
+
+TEST(BlockTokensTest, AreAFunctionOfTheHashIdAlone) {
+  BlockMapping m;
+  m.block_tokens = 512;
+  m.first_id = 256;
+  m.end_id = 1000;
+  const std::vector<uint32_t> a = BlockTokens(46, m), b = BlockTokens(46, m), c = BlockTokens(47, m);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  ASSERT_EQ(a.size(), 512u);
+  for (uint32_t id : a) {
+    EXPECT_GE(id, 256u);
+    EXPECT_LT(id, 1000u);
+  }
+  // Not a constant or a short cycle: most of the 744 ids in range appear.
+  std::vector<bool> seen(1000);
+  for (uint32_t id : a) seen[id] = true;
+  EXPECT_GT(std::count(seen.begin(), seen.end(), true), 300);
+}
+
+TEST(BlockTokensTest, PromptsSharingBlocksShareTokensAndAreCutToTheirLength) {
+  BlockMapping m;
+  m.block_tokens = 16;  // a 1/32 scale
+  TraceRecord r1{0, 1200, 10, {0, 1, 2}}, r2{0, 1500, 10, {0, 1, 5}}, r3{0, 20, 1, {9, 1, 2}};
+  absl::StatusOr<std::vector<uint32_t>> p1 = TracePrompt(r1, m), p2 = TracePrompt(r2, m),
+                                        p3 = TracePrompt(r3, m);
+  ASSERT_TRUE(p1.ok() && p2.ok() && p3.ok());
+  EXPECT_EQ(p1->size(), 38u);  // round(1200 / 32)
+  EXPECT_EQ(p2->size(), 47u);  // round(1500 / 32)
+  EXPECT_EQ(p3->size(), 1u);   // at least one token
+  // Blocks 0 and 1 are shared: the first 32 tokens agree, block 2 vs 5 differ.
+  const size_t common = std::mismatch(p1->begin(), p1->end(), p2->begin()).first - p1->begin();
+  EXPECT_EQ(common >= 32 && common < 40, true) << common;
+  // A chain that starts elsewhere shares nothing, even with equal later ids.
+  EXPECT_NE((*p3)[0], (*p1)[0]);
+  // More tokens than blocks hold.
+  EXPECT_TRUE(absl::IsFailedPrecondition(TracePrompt({0, 5000, 1, {0, 1}}, m).status()));
+}
+
+TEST(SharedPrefixTest, GroupsShareTheirSystemPromptAndNothingElse) {
+  std::ifstream in("/usr/share/common-licenses/GPL-3");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(text.size(), 10000u);
+  SharedPrefixOptions o;
+  o.groups = 3;
+  o.prompts_per_group = 4;
+  o.system_tokens = 200;
+  o.question_tokens = 30;
+  absl::StatusOr<std::vector<RequestSpec>> r = SharedPrefixRequests(o, text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 12u);
+  std::map<std::string, std::set<std::string>> systems, questions;
+  for (const RequestSpec& s : *r) {
+    ASSERT_EQ(s.messages.size(), 2u);
+    EXPECT_EQ(s.messages[0].first, "system");
+    systems[s.group].insert(s.messages[0].second);
+    questions[s.group].insert(s.messages[1].second);
+    // About 4 characters per token, cut at a word.
+    EXPECT_NEAR(static_cast<double>(s.messages[0].second.size()), 200 * 4 + 40, 60);
+  }
+  ASSERT_EQ(systems.size(), 3u);
+  std::set<std::string> all;
+  for (const auto& [g, set] : systems) {
+    EXPECT_EQ(set.size(), 1u) << g;  // one system prompt per group
+    all.insert(*set.begin());
+    EXPECT_EQ(questions[g].size(), 4u);  // every question its own
+  }
+  EXPECT_EQ(all.size(), 3u);  // the groups' prompts differ
+  EXPECT_FALSE(SharedPrefixRequests(o, "too short").ok());
+}
+
+TEST(ArrivalsTest, GammaGapsHaveTheRateAndTheBurstinessAsked) {
+  for (double burstiness : {1.0, 4.0}) {
+    const int n = 40000;
+    const std::vector<double> at = GammaArrivals(n, 10.0, burstiness, 7);
+    ASSERT_EQ(at.size(), static_cast<size_t>(n));
+    EXPECT_EQ(at[0], 0.0);
+    std::vector<double> gaps;
+    for (int i = 1; i < n; ++i) gaps.push_back(at[i] - at[i - 1]);
+    const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / gaps.size();
+    double var = 0;
+    for (double g : gaps) var += (g - mean) * (g - mean);
+    var /= gaps.size();
+    EXPECT_NEAR(mean, 0.1, 0.005) << burstiness;
+    // Gamma gaps of shape 1/b: squared coefficient of variation b.
+    EXPECT_NEAR(var / (mean * mean), burstiness, 0.1 * burstiness) << burstiness;
+  }
+}
+
+TEST(StatsTest, PercentilesInterpolateBetweenRanks) {
+  const std::vector<double> v = {10, 1, 9, 2, 8, 3, 7, 4, 6, 5};  // 1..10, unordered
+  // numpy.percentile([1..10], [50, 90, 99]) = 5.5, 9.1, 9.91
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.5), 5.5);
+  EXPECT_NEAR(Percentile(v, 0.9), 9.1, 1e-12);
+  EXPECT_NEAR(Percentile(v, 0.99), 9.91, 1e-12);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.0), 1);
+  EXPECT_DOUBLE_EQ(Percentile(v, 1.0), 10);
+  EXPECT_DOUBLE_EQ(Percentile({42}, 0.99), 42);
+  EXPECT_TRUE(std::isnan(Percentile({}, 0.5)));
+}
+
+RequestRecord Record(double ttft, double e2e, uint32_t completion, uint32_t prompt,
+                     uint32_t cached, const std::string& status = "OK") {
+  RequestRecord r;
+  r.ttft_ms = ttft;
+  r.e2e_ms = e2e;
+  r.completion_tokens = completion;
+  r.prompt_tokens = prompt;
+  r.cached_local_tokens = cached;
+  r.status = status;
+  r.worker_id = "w0";
+  r.finish_reason = status == "OK" ? "length" : "";
+  return r;
+}
+
+TEST(StatsTest, SummaryLeavesOutTheWarmupAndCountsGoodputCacheAndErrors) {
+  std::vector<RequestRecord> rs;
+  RequestRecord warm = Record(5000, 9000, 10, 100, 0);
+  warm.warmup = true;
+  rs.push_back(warm);
+  rs.push_back(Record(100, 1000, 10, 100, 64));  // TPOT 100 ms
+  rs.push_back(Record(300, 1200, 10, 100, 64));  // TTFT over the SLO
+  rs.push_back(Record(100, 2800, 10, 100, 0));   // TPOT 300 ms: over
+  rs.push_back(Record(-1, 50, 0, 0, 0, "RESOURCE_EXHAUSTED"));
+  for (size_t i = 1; i < rs.size(); ++i) rs[i].sent_s = static_cast<double>(i);
+  const Summary s = Summarise(rs, Slo{200, 150}, 0.5, 10.0, 2);
+  EXPECT_EQ(s.requests, 4);
+  EXPECT_EQ(s.ok, 3);
+  EXPECT_EQ(s.good, 1);
+  EXPECT_EQ(s.by_status.at("OK"), 3);
+  EXPECT_EQ(s.by_status.at("RESOURCE_EXHAUSTED"), 1);
+  EXPECT_EQ(s.by_worker.at("w0"), 3);
+  EXPECT_EQ(s.prompt_tokens, 300);
+  EXPECT_NEAR(s.hit_ratio, 128.0 / 300, 1e-12);
+  EXPECT_EQ(s.ttft_ms.n, 3);
+  EXPECT_DOUBLE_EQ(s.ttft_ms.p50, 100);
+  // The last measured stream ends at 3 s + 2.8 s; the first was sent at 1 s.
+  EXPECT_NEAR(s.wall_s, 4.8, 1e-9);
+  EXPECT_NEAR(s.output_tokens_per_s, 30 / 4.8, 1e-9);
+  EXPECT_NEAR(s.client_cpu_cores, 0.05, 1e-12);
+  EXPECT_FALSE(s.client_bound);
+  EXPECT_TRUE(Summarise(rs, Slo{}, 9.0, 10.0, 2).client_bound);
+}
+
+TEST(ReportTest, CsvQuotesTheErrorMessage) {
+  RequestRecord r = Record(-1, 5, 0, 0, 0, "INVALID_ARGUMENT");
+  r.error = R"(field "stop.max_tokens", too large)";
+  const std::string line = CsvLine(r);
+  EXPECT_NE(line.find(R"("field ""stop.max_tokens"", too large")"), std::string::npos) << line;
+  const std::string header = CsvHeader();
+  EXPECT_EQ(std::count(header.begin(), header.end(), ','),
+            std::count(line.begin(), line.end(), ',') - 1);  // the message holds one comma
+}
+
+}  // namespace
+}  // namespace kvstrata::loadtest
