@@ -1,35 +1,16 @@
 #include "core/metrics.h"
 
-#include <civetweb.h>
-#include <dlfcn.h>
-#include <pthread.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/check.h"
-
-// civetweb starts its threads with a fixed stack of 100 KiB (USE_STACK_SIZE in Debian's build),
-// and glibc takes the process's static thread-local storage out of each thread's stack: in a
-// decode worker (OpenBLAS alone holds 60 KiB of it, CUDA's runtime 4 KiB more) too little was
-// left, and /metrics either could not start its threads or overflowed their stacks. Every
-// request for a smaller stack in the process is raised to kMinThreadStack here; requests for
-// more pass through unchanged.
-namespace {
-constexpr size_t kMinThreadStack = size_t{1} << 20;
-}  // namespace
-
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
-  using SetStackSize = int (*)(pthread_attr_t*, size_t);
-  static const SetStackSize libc_set_stack_size =
-      reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  return libc_set_stack_size(attr, std::max(size, kMinThreadStack));
-}
+#include "core/http_server.h"
 
 namespace kvstrata {
 
@@ -223,74 +204,55 @@ const std::vector<double>& TokenLatencyBucketsSeconds() {
   return *b;
 }
 
-int HandleMetricsRequest(void* connection, void* server_ptr) {
-  auto* conn = static_cast<mg_connection*>(connection);
-  const auto* server = static_cast<const MetricsServer*>(server_ptr);
-  const mg_request_info* info = mg_get_request_info(conn);
-  const std::string uri = info->local_uri ? info->local_uri : "";
-  std::string body, type = "text/plain; version=0.0.4; charset=utf-8";
-  int status = 200;
-  if (std::strcmp(info->request_method, "GET") != 0) {
-    status = 405;
-    body = "only GET\n";
-  } else if (uri == "/metrics") {
-    body = server->registry_->Render();
-  } else if (uri == "/") {
-    body = "kvstrata: metrics at /metrics\n";
+namespace {
+
+http::HttpResponse ServeMetrics(const MetricsRegistry& registry, http::HttpRequest& request) {
+  http::HttpResponse r{.content_type = "text/plain; version=0.0.4; charset=utf-8"};
+  if (request.method() != "GET") {
+    r.status = 405;
+    r.body = "only GET\n";
+    r.headers.emplace_back("Allow", "GET");
+  } else if (request.path() == "/metrics") {
+    r.body = registry.Render();
+  } else if (request.path() == "/") {
+    r.body = "kvstrata: metrics at /metrics\n";
   } else {
-    status = 404;
-    body = "not found; metrics are at /metrics\n";
+    r.status = 404;
+    r.body = "not found; metrics are at /metrics\n";
   }
-  mg_printf(
-      conn,
-      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-      status,
-      status == 200   ? "OK"
-      : status == 404 ? "Not Found"
-                      : "Method Not Allowed",
-      type.c_str(), body.size());
-  mg_write(conn, body.data(), body.size());
-  return status;
+  return r;
 }
 
-namespace {
-int BeginRequest(mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  return HandleMetricsRequest(conn, info->user_data);
-}
 }  // namespace
 
 std::unique_ptr<MetricsServer> MetricsServer::Start(const MetricsRegistry* registry,
                                                     const std::string& address,
                                                     std::string* error) {
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
-  server->registry_ = registry;
-  mg_init_library(0);
-  mg_callbacks callbacks{};
-  callbacks.begin_request = BeginRequest;
-  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
-  mg_init_data init{};
-  init.callbacks = &callbacks;
-  init.user_data = server.get();
-  init.configuration_options = options;
-  char why[256] = {};
-  unsigned code = 0;
-  mg_error_data failure{&code, why, sizeof(why)};
-  mg_context* ctx = mg_start2(&init, &failure);
-  if (!ctx) {
-    *error = absl::StrCat("cannot serve metrics on ", address, ": ",
-                          why[0] != '\0' ? why : "address in use or invalid");
+  const size_t colon = address.rfind(':');
+  http::HttpServerOptions options;
+  // A scraper or two: few connections, each with the system's default thread stack.
+  options.max_connections = 64;
+  options.max_body_bytes = 1 << 16;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &options.port)) {
+    *error = absl::StrCat("cannot serve metrics on ", address, ": not HOST:PORT");
     return nullptr;
   }
-  server->context_ = ctx;
-  mg_server_port ports[4];
-  const int n = mg_get_server_ports(ctx, 4, ports);
-  server->port_ = n > 0 ? ports[0].port : 0;
-  return server;
+  options.host = address.substr(0, colon);
+  if (options.host.size() >= 2 && options.host.front() == '[' && options.host.back() == ']') {
+    options.host = options.host.substr(1, options.host.size() - 2);
+  }
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = http::HttpServer::Start(
+      options, [registry](http::HttpRequest& r) { return ServeMetrics(*registry, r); });
+  if (!server.ok()) {
+    *error = absl::StrCat("cannot serve metrics on ", address, ": ", server.status().message());
+    return nullptr;
+  }
+  std::unique_ptr<MetricsServer> metrics(new MetricsServer());
+  metrics->port_ = (*server)->port();
+  metrics->server_ = *std::move(server);
+  return metrics;
 }
 
-MetricsServer::~MetricsServer() {
-  if (context_) mg_stop(static_cast<mg_context*>(context_));
-}
+MetricsServer::~MetricsServer() = default;
 
 }  // namespace kvstrata

@@ -112,21 +112,25 @@ const std::vector<double>& LatencyBucketsSeconds();
 // Buckets for per-token latencies in seconds: 1 ms .. 5 s.
 const std::vector<double>& TokenLatencyBucketsSeconds();
 
-// Serves GET /metrics (and GET / with a short index) over HTTP for one registry.
+namespace http {
+class HttpServer;
+}  // namespace http
+
+// Serves GET /metrics (and GET / with a short index) over HTTP for one registry, on the
+// HTTP server of core/http_server.h.
 class MetricsServer {
  public:
   ~MetricsServer();
-  // address "host:port"; port 0 picks a free port (see port()). Error text on failure.
+  // address "host:port" (IPv6 as "[::1]:port"); port 0 picks a free port (see port()). Error
+  // text on failure.
   static std::unique_ptr<MetricsServer> Start(const MetricsRegistry* registry,
                                               const std::string& address, std::string* error);
   int port() const { return port_; }
 
  private:
   MetricsServer() = default;
-  void* context_ = nullptr;  // mg_context
-  const MetricsRegistry* registry_ = nullptr;
+  std::unique_ptr<http::HttpServer> server_;
   int port_ = 0;
-  friend int HandleMetricsRequest(void* connection, void* server);
 };
 
 }  // namespace kvstrata

@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libeigen3-dev libopenblas-dev libssl-dev libxxhash-dev
-  libcivetweb-dev nlohmann-json3-dev libre2-dev
+  libmicrohttpd-dev nlohmann-json3-dev libre2-dev
   prometheus
   buildah debootstrap  # the CPU container image: scripts/build-image.sh
   clang libclang-rt-14-dev  # sanitizer builds and libFuzzer: scripts/sanitize.sh, scripts/fuzz.sh
