@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "tokenizer/unicode.h"
 
 namespace kvstrata::engine {
 
@@ -24,6 +25,26 @@ size_t IncompleteUtf8Tail(std::string_view s) {
     return need > back ? back : 0;
   }
   return 0;
+}
+
+// `bytes` as valid UTF-8: each ill-formed or truncated sequence becomes U+FFFD. Token bytes need
+// not be UTF-8 (a sampled token can be a lone continuation byte, and max_tokens can end inside a
+// character), but streamed text must be: a protobuf string field that is not fails to serialize,
+// and the worker's stream then ends without its final message.
+std::string ValidUtf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    const tokenizer::Utf8Step step = tokenizer::DecodeUtf8Step(bytes.substr(pos));
+    if (step.kind == tokenizer::Utf8Step::Kind::kValid) {
+      out.append(bytes.substr(pos, step.length));
+    } else {
+      out.append(tokenizer::kReplacementCharacter);
+    }
+    pos += step.length;
+  }
+  return out;
 }
 
 }  // namespace
@@ -82,14 +103,14 @@ StopChecker::Step StopChecker::Add(int32_t token, std::string_view bytes, int n)
   Step step;
   const bool may_stop = n >= options_.min_tokens;
   if (may_stop && !options_.ignore_eos && is_eog_(token)) {
-    step.text = text_.substr(emitted_);
+    step.text = ValidUtf8(std::string_view(text_).substr(emitted_));
     emitted_ = text_.size();
     step.finish = FinishReason::kEndOfGeneration;
     return step;
   }
   if (may_stop && std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(),
                             token) != options_.stop_token_ids.end()) {
-    step.text = text_.substr(emitted_);
+    step.text = ValidUtf8(std::string_view(text_).substr(emitted_));
     emitted_ = text_.size();
     step.finish = FinishReason::kStopToken;
     return step;
@@ -109,14 +130,14 @@ StopChecker::Step StopChecker::Add(int32_t token, std::string_view bytes, int n)
       step.matched_stop = *matched;
       const size_t cut = options_.include_stop_string ? best + matched->size() : best;
       text_.resize(cut);
-      step.text = text_.substr(std::min(emitted_, cut));
+      step.text = ValidUtf8(std::string_view(text_).substr(std::min(emitted_, cut)));
       emitted_ = text_.size();
       step.finish = FinishReason::kStopString;
       return step;
     }
   }
   if (n >= options_.max_tokens) {
-    step.text = text_.substr(emitted_);
+    step.text = ValidUtf8(std::string_view(text_).substr(emitted_));
     emitted_ = text_.size();
     step.finish = FinishReason::kLength;
     return step;
@@ -133,7 +154,7 @@ StopChecker::Step StopChecker::Add(int32_t token, std::string_view bytes, int n)
   }
   const size_t safe = text_.size() - hold;
   if (safe > emitted_) {
-    step.text = text_.substr(emitted_, safe - emitted_);
+    step.text = ValidUtf8(std::string_view(text_).substr(emitted_, safe - emitted_));
     emitted_ = safe;
   }
   return step;

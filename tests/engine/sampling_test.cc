@@ -188,6 +188,17 @@ TEST(Stop, StopStringIsCutAndHeldBackWhilePartial) {
   EXPECT_EQ(c.text(), "hello ENx foo");
 }
 
+TEST(Stop, StreamedTextIsValidUtf8WhateverTheTokenBytes) {
+  StopOptions o;
+  o.max_tokens = 3;
+  StopChecker c = Checker(o);
+  EXPECT_EQ(c.Add(5, "a\x80", 1).text, "a\xEF\xBF\xBD");  // a lone continuation byte
+  EXPECT_EQ(c.Add(6, "\xF0\x9F", 2).text, "");            // may still become a character
+  StopChecker::Step s = c.Add(7, "\x98", 3);               // ... but max_tokens ends it inside
+  EXPECT_EQ(s.finish, FinishReason::kLength);
+  EXPECT_EQ(s.text, "\xEF\xBF\xBD");
+}
+
 TEST(Stop, TheEarliestMatchIsTheStopStringReported) {
   StopOptions o;
   o.stop_strings = {"world", "lo w"};
