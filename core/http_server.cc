@@ -2,6 +2,7 @@
 
 #include <microhttpd.h>
 #include <netdb.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -105,8 +106,15 @@ struct MhdCallbacks {
       int64_t n = 0;
       if (length != nullptr && absl::SimpleAtoi(length, &n) &&
           n > server->options_.max_body_bytes) {
-        exchange->body_too_large = true;  // answered before the body is read
-        return Handle(server, connection, exchange);
+        exchange->body_too_large = true;
+        // A client waiting for "100 Continue" gets the answer instead and sends no body. One
+        // that sends it anyway has it read and dropped: closing the connection under a client
+        // still writing would make it see a broken pipe rather than the 413.
+        const char* expect =
+            MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if (expect != nullptr && strcasecmp(expect, "100-continue") == 0) {
+          return Handle(server, connection, exchange);
+        }
       }
       return MHD_YES;
     }

@@ -3,9 +3,12 @@
 // kvstrata.v1.WorkerRegistry for the workers. `kvstrata-router --help` lists the flags;
 // docs/routing.md explains the policies and docs/operations.md how to run it.
 
+#include <grpcpp/support/channel_arguments.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -27,6 +30,8 @@
 #include "engine/defaults.h"
 #include "model/loader.h"
 #include "rpc/server.h"
+#include "core/http_server.h"
+#include "services/openai/openai_front.h"
 #include "services/router/router_service.h"
 #include "tokenizer/prompt_encoder.h"
 
@@ -68,6 +73,22 @@ ABSL_FLAG(uint32_t, max_request_bytes, 64 << 20,
           "too long a prompt is refused as OUT_OF_RANGE by the router itself.");
 ABSL_FLAG(bool, log_requests, true,
           "Log one line per request: worker, routing reason, predicted and actual cached tokens.");
+ABSL_FLAG(uint32_t, http_port, 0,
+          "Port of the OpenAI-compatible HTTP front (/v1/completions, /v1/chat/completions, "
+          "/v1/models, /health) on the host of --listen; 0: no HTTP front.");
+ABSL_FLAG(std::string, http_host, "",
+          "Address the HTTP front binds; empty: the host of --listen.");
+ABSL_FLAG(uint32_t, http_max_connections, 2048,
+          "Open HTTP connections before new ones are refused. Each holds one thread while open "
+          "(a streamed response holds it to the end), so this bounds the concurrent HTTP "
+          "requests; keep it above --max_in_flight_requests so that overload is answered 429.");
+ABSL_FLAG(uint32_t, http_max_body_bytes, 8 << 20,
+          "Largest HTTP request body, in bytes; larger ones are answered 413.");
+ABSL_FLAG(uint32_t, http_timeout_ms, 600000,
+          "Deadline of each HTTP generation request (the X-Kvstrata-Timeout-Ms header may ask "
+          "for less); past it the request ends: 504 before output, finish_reason length after.");
+ABSL_FLAG(uint32_t, http_idle_timeout_s, 60,
+          "Seconds an idle keep-alive HTTP connection stays open (0: no limit).");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight requests may finish before being cancelled.");
 
@@ -79,8 +100,45 @@ struct RouterConfig {
   std::string metrics_listen;
   std::string model_path;
   RouterOptions router;
+  std::optional<http::HttpServerOptions> http;  // nullopt: no HTTP front
+  openai::FrontOptions front;
   absl::Duration shutdown_grace;
 };
+
+// The HTTP front's flags; c.listen must be set.
+absl::Status HttpConfigFromFlags(RouterConfig& c) {
+  const uint32_t port = absl::GetFlag(FLAGS_http_port);
+  if (port == 0) return absl::OkStatus();
+  if (port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_port=", port, ": must be <= 65535"));
+  }
+  http::HttpServerOptions h;
+  h.port = static_cast<int>(port);
+  h.host = absl::GetFlag(FLAGS_http_host);
+  if (h.host.empty()) {
+    if (absl::StartsWith(c.listen, "unix:") || !absl::StrContains(c.listen, ':')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http_host: needed, since --listen=", c.listen, " has no host"));
+    }
+    h.host = c.listen.substr(0, c.listen.rfind(':'));
+    if (h.host.size() >= 2 && h.host.front() == '[') h.host = h.host.substr(1, h.host.size() - 2);
+  }
+  h.max_connections = static_cast<int>(absl::GetFlag(FLAGS_http_max_connections));
+  if (h.max_connections < 1 || h.max_connections > 100000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http_max_connections=", h.max_connections, ": must be in [1, 100000]"));
+  }
+  h.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
+  if (h.max_body_bytes < 1024) {
+    return absl::InvalidArgumentError("--http_max_body_bytes: must be >= 1024");
+  }
+  h.idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s));
+  const uint32_t timeout_ms = absl::GetFlag(FLAGS_http_timeout_ms);
+  if (timeout_ms < 1) return absl::InvalidArgumentError("--http_timeout_ms: must be >= 1");
+  c.front.timeout = absl::Milliseconds(timeout_ms);
+  c.http = h;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<RouterConfig> ConfigFromFlags() {
   RouterConfig c;
@@ -147,6 +205,7 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
         "--max_request_bytes=", o.max_request_bytes, ": must be in [1 MiB, 1 GiB]"));
   }
   c.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  if (absl::Status s = HttpConfigFromFlags(c); !s.ok()) return s;
 
   std::error_code ec;
   c.model_path = absl::GetFlag(FLAGS_model);
@@ -181,6 +240,7 @@ int Run(const RouterConfig& config) {
             encoder.status().ToString().c_str());
     return 1;
   }
+  const tokenizer::Tokenizer tokenizer = encoder->tokenizer();  // for the HTTP front's logprobs
   MetricsRegistry registry;
   absl::StatusOr<std::unique_ptr<Router>> router =
       Router::Create(*std::move(encoder), config.router, &registry);
@@ -211,21 +271,44 @@ int Run(const RouterConfig& config) {
   }
   (*server)->SetServingStatus("kvstrata.v1.Generation", true);
   (*server)->SetServingStatus("kvstrata.v1.WorkerRegistry", true);
+
+  // The HTTP front calls this very server in process: its requests are Generate calls like any.
+  std::unique_ptr<openai::OpenAiFront> front;
+  std::unique_ptr<http::HttpServer> http_server;
+  if (config.http) {
+    front = std::make_unique<openai::OpenAiFront>(
+        (*server)->grpc_server().InProcessChannel(grpc::ChannelArguments()), tokenizer,
+        config.front, &registry);
+    absl::StatusOr<std::unique_ptr<http::HttpServer>> started = http::HttpServer::Start(
+        *config.http, [&front](http::HttpRequest& r) { return front->Handle(r); });
+    if (!started.ok()) {
+      fprintf(stderr, "kvstrata-router: --http_port: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    http_server = *std::move(started);
+  }
   fprintf(stderr,
           "kvstrata-router: serving kvstrata.v1.Generation and WorkerRegistry on %s (policy %s, "
-          "%zu static worker(s), %zu kvstore(s)); metrics on %s\n",
+          "%zu static worker(s), %zu kvstore(s)); metrics on %s; OpenAI HTTP %s\n",
           (*server)->address().c_str(), config.router.policy.c_str(),
           config.router.static_workers.size(), config.router.kvstore_addresses.size(),
-          metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+          metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)",
+          http_server ? absl::StrCat("on ", config.http->host, " port ", http_server->port())
+                            .c_str()
+                      : "(off)");
 
   std::thread waiter([&] {
     const int signal = WaitForShutdownSignal();
     fprintf(stderr, "kvstrata-router: signal %d, shutting down (grace %s)\n", signal,
             absl::FormatDuration(config.shutdown_grace).c_str());
+    // New HTTP connections are refused; requests in flight get the same grace as gRPC ones.
+    if (front) front->SetServing(false);
+    if (http_server) http_server->StopAccepting();
     (*server)->Shutdown(config.shutdown_grace);
   });
   (*server)->Wait();
   waiter.join();
+  if (http_server) http_server->Stop();
   router->reset();
   fprintf(stderr, "kvstrata-router: stopped\n");
   return 0;
