@@ -170,7 +170,7 @@ config=(
   --env KVSTRATA_ROTATIONS=/usr/share/kvstrata/rotations
   --entrypoint '[]' --cmd '["kvstrata", "help"]'
 )
-for port in 50070 9470 50071 9471 50061 9461; do config+=(--port "$port/tcp"); done
+for port in 50070 8070 9470 50071 9471 50061 9461; do config+=(--port "$port/tcp"); done
 for l in "${labels[@]}"; do config+=(--label "$l"); done
 bh config "${config[@]}" "$ctr"
 step "committing $tag"

@@ -10,6 +10,7 @@
 #   BUILD_DIR [build]                   binaries are taken from $BUILD_DIR/bin
 #   KVSTRATA_CLUSTER_DIR [~/.cache/kvstrata/cluster]   logs (NAME.log) and pid files (NAME.pid)
 #   KVSTRATA_ROUTER_PORT [50070]  KVSTRATA_ROUTER_METRICS_PORT [9470]
+#   KVSTRATA_ROUTER_HTTP_PORT [8070]   the router's OpenAI-compatible HTTP front (0: off)
 #   KVSTRATA_DECODE0_PORT [50071] KVSTRATA_DECODE0_METRICS_PORT [9471]
 #   KVSTRATA_DECODE1_PORT [50072] KVSTRATA_DECODE1_METRICS_PORT [9472]
 #   KVSTRATA_KVSTORE_PORT [50061] KVSTRATA_KVSTORE_METRICS_PORT [9461]
@@ -30,6 +31,7 @@ dir=${KVSTRATA_CLUSTER_DIR:-$HOME/.cache/kvstrata/cluster}
 host=127.0.0.1
 router_port=${KVSTRATA_ROUTER_PORT:-50070}
 router_metrics=${KVSTRATA_ROUTER_METRICS_PORT:-9470}
+router_http=${KVSTRATA_ROUTER_HTTP_PORT:-8070}
 decode0_port=${KVSTRATA_DECODE0_PORT:-50071}
 decode0_metrics=${KVSTRATA_DECODE0_METRICS_PORT:-9471}
 decode1_port=${KVSTRATA_DECODE1_PORT:-50072}
@@ -85,7 +87,7 @@ args_of() {
       echo "${common[@]}" --capacity_mb="${KVSTRATA_KVSTORE_MB:-512}" --store_id=kvstore-0 ;;
     router)
       echo "${common[@]}" "${model[@]}" --policy="${KVSTRATA_ROUTER_POLICY:-prefix-affinity}" --router_id=router-0 \
-        --kvstore="$host:$kvstore_port" ;;
+        --kvstore="$host:$kvstore_port" --http_port="$router_http" ;;
     decode-*)
       local router=() kv_mb=()
       [[ $with_router != 0 ]] && router=(--router="$host:$router_port")
@@ -161,6 +163,10 @@ endpoints() {
     printf '  %-9s grpc %s:%-6s metrics http://%s:%s/metrics\n' "$name" "$host" \
       "$(port_of "$name")" "$host" "$(metrics_port_of "$name")"
   done
+  if [[ $with_router != 0 && $router_http != 0 ]]; then
+    printf '  OpenAI API  http://%s:%s/v1  (e.g. OPENAI_BASE_URL=http://%s:%s/v1)\n' "$host" \
+      "$router_http" "$host" "$router_http"
+  fi
 }
 
 up() {

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git python3 python3-venv
+  build-essential cmake ninja-build ccache pkg-config git python3 python3-venv curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libeigen3-dev libopenblas-dev libssl-dev libxxhash-dev

@@ -2,7 +2,7 @@
 
     with LocalCluster(build_dir, policy="round-robin") as cluster:
         row = cluster.request(system="...", question="...", max_tokens=8)
-        print(row["ttft_ms"], cluster.metrics_ports)
+        print(row["ttft_ms"], cluster.metrics_ports, cluster.openai_base_url)
 
 Each cluster runs on free loopback ports with its logs in a private folder, so it never clashes
 with a cluster started by hand. Standard library only.
@@ -17,8 +17,9 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-_PORTS = ["ROUTER_PORT", "ROUTER_METRICS_PORT", "DECODE0_PORT", "DECODE0_METRICS_PORT",
-          "DECODE1_PORT", "DECODE1_METRICS_PORT", "KVSTORE_PORT", "KVSTORE_METRICS_PORT"]
+_PORTS = ["ROUTER_PORT", "ROUTER_METRICS_PORT", "ROUTER_HTTP_PORT", "DECODE0_PORT",
+          "DECODE0_METRICS_PORT", "DECODE1_PORT", "DECODE1_METRICS_PORT", "KVSTORE_PORT",
+          "KVSTORE_METRICS_PORT"]
 # The summary line `kvstrata request` prints on stderr.
 _SUMMARY = re.compile(r"worker=(\S+) .* prompt_tokens=(\d+) cached_local=(\d+) "
                       r"cached_kvstore=(\d+) .* ttft_ms=([\d.]+) total_ms=([\d.]+)")
@@ -50,6 +51,8 @@ class LocalCluster:
                         KVSTRATA_CLUSTER_DIR=str(self.work), KVSTRATA_ROUTER_POLICY=policy,
                         **{f"KVSTRATA_{name}": str(port) for name, port in self.ports.items()})
         self.router = f"127.0.0.1:{self.ports['ROUTER_PORT']}"
+        # The router's OpenAI-compatible HTTP front, as an OpenAI client's base_url.
+        self.openai_base_url = f"http://127.0.0.1:{self.ports['ROUTER_HTTP_PORT']}/v1"
         # /metrics port of each process, by Prometheus job name.
         self.metrics_ports = {
             "kvstrata-router": [self.ports["ROUTER_METRICS_PORT"]],

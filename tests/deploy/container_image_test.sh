@@ -44,7 +44,7 @@ echo "== image built in $((SECONDS - t0)) s"
 user=$(bh inspect --type image --format '{{.OCIv1.Config.User}}' "$tag")
 [[ $user == "$uid:$uid" ]] || fail "image user is '$user', want $uid:$uid"
 cfg=$(bh inspect --type image --format '{{.OCIv1.Config.ExposedPorts}} {{.OCIv1.Config.Env}}' "$tag")
-for want in 50070/tcp 9470/tcp 50071/tcp 9471/tcp 50061/tcp 9461/tcp \
+for want in 50070/tcp 8070/tcp 9470/tcp 50071/tcp 9471/tcp 50061/tcp 9461/tcp \
   KVSTRATA_ROTATIONS=/usr/share/kvstrata/rotations KVSTRATA_CACHE=/var/lib/kvstrata/cache; do
   [[ $cfg == *"$want"* ]] || fail "image config lacks $want: $cfg"
 done
