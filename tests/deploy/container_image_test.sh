@@ -6,7 +6,9 @@
 #   tests/deploy/container_image_test.sh BIN_DIR
 #
 # Exit 77 (a CTest skip) where buildah or debootstrap cannot run: not root, tool missing, or
-# buildah unusable (e.g. no user namespaces or chroot).
+# buildah unusable (e.g. no user namespaces or chroot); and where the binaries were built with
+# CUDA (nvcc present): the CPU image holds CPU builds (KVSTRATA_CUDA=OFF, as Containerfile.cpu
+# compiles them), which need none of the CUDA libraries it lacks.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin_dir=$(cd "${1:?usage: container_image_test.sh BIN_DIR}" && pwd)
@@ -19,6 +21,10 @@ fail() { echo "FAIL container_image_test: $*" >&2; exit 1; }
 bh() { buildah --storage-driver "$storage_driver" "$@"; }
 
 [[ $(id -u) -eq 0 ]] || skip "needs root (debootstrap and chroot build the image)"
+libs=$(ldd "$bin_dir"/kvstrata* 2>/dev/null || true)
+if [[ $libs == *libcudart* ]]; then
+  skip "the binaries in $bin_dir link CUDA; the CPU image takes a KVSTRATA_CUDA=OFF build"
+fi
 command -v buildah >/dev/null || skip "buildah not installed (scripts/install-deps.sh)"
 command -v debootstrap >/dev/null || skip "debootstrap not installed (scripts/install-deps.sh)"
 probe=$(bh from --quiet scratch 2>&1) || skip "buildah cannot create a container here: $probe"
