@@ -5,8 +5,9 @@
 #   scripts/sanitize.sh asan   # ASan + UBSan (build-asan): unit and service tests, the model
 #                              # tests of the services and the cluster (their binaries are built
 #                              # the same way), and the stress suite
-#   scripts/sanitize.sh tsan   # TSan (build-tsan): the router, decode and kvstore tests and the
-#                              # cluster end to end, the services themselves built with TSan
+#   scripts/sanitize.sh tsan   # TSan (build-tsan): the router, decode, kvstore and OpenAI front
+#                              # tests and the cluster end to end, the services themselves built
+#                              # with TSan
 #   scripts/sanitize.sh        # both
 #
 # Any sanitizer report fails the test that caused it (errors are fatal; TSan halts the process).
@@ -40,6 +41,7 @@ for kind in "${kinds[@]}"; do
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
       # Smaller waves than the regular run: every process is several times slower here.
       export KVSTRATA_STRESS_STREAMS=${KVSTRATA_STRESS_STREAMS:-400}
+      export KVSTRATA_OPENAI_STREAMS=${KVSTRATA_OPENAI_STREAMS:-96}
       ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "unit|model|stress" \
         -E "prometheus_e2e|container_image|k8s_manifests|monitoring_"
       ;;
@@ -47,7 +49,7 @@ for kind in "${kinds[@]}"; do
       configure build-tsan thread
       tests=(router_service_test router_contract_test router_policy_test kvstore_service_test
              kvstore_client_test kvstore_page_store_test decode_service_test
-             decode_registration_test decode_local_pages_test cluster_e2e_test)
+             decode_registration_test decode_local_pages_test cluster_e2e_test openai_front_test)
       echo "sanitize: building with TSan (build-tsan): ${tests[*]}"
       targets=()
       for t in "${tests[@]}" kvstrata-router kvstrata-decode kvstrata-kvstore; do

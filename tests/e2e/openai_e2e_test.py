@@ -13,6 +13,7 @@ Usage: openai_e2e_test.py BUILD_DIR   (with the test venv's Python, which has `o
 
 import asyncio
 import json
+import os
 import pathlib
 import re
 import socket
@@ -31,7 +32,8 @@ SYSTEM_PROMPT = "You are the support assistant of Northwind Outfitters. Follow t
     f"Rule {i + 1}: for questions about order {4100 + 37 * i}, check the record, confirm the "
     f"customer's address, and answer politely within {1 + i % 3} business days.\n"
     for i in range(24))
-CONCURRENT_STREAMS = 256
+# Streams in the concurrency check (scripts/sanitize.sh asks for fewer: its binaries are slower).
+CONCURRENT_STREAMS = int(os.environ.get("KVSTRATA_OPENAI_STREAMS", "256"))
 CHECKS = []
 
 

@@ -182,6 +182,27 @@ int Run(const fs::path& out) {
     }
   }
 
+  // OpenAI request bodies: the first byte picks the endpoint (even: completions, odd: chat).
+  {
+    const char* bodies[] = {
+        "\x00{\"model\": \"m\", \"prompt\": \"Once upon a time\", \"max_tokens\": 8, "
+        "\"temperature\": 0, \"stop\": [\"\\n\"], \"logprobs\": 2, \"stream\": true}",
+        "\x00{\"prompt\": [[1, 2, 3]], \"seed\": -7, \"best_of\": 1, \"user\": \"u\"}",
+        "\x01{\"model\": \"m\", \"messages\": [{\"role\": \"system\", \"content\": \"Be terse.\"}, "
+        "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"}]}], "
+        "\"max_completion_tokens\": 16, \"logprobs\": true, \"top_logprobs\": 2, "
+        "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"tools\": []}",
+        "\x01{\"messages\": [{\"role\": \"developer\", \"content\": \"x\"}], \"top_k\": 5, "
+        "\"response_format\": {\"type\": \"text\"}, \"extra\": {\"a\": [null, 1.5]}}",
+    };
+    int n = 0;
+    for (const char* body : bodies) {
+      // The leading byte may be NUL: write it explicitly.
+      const std::string bytes = std::string(1, body[0]) + std::string(body + 1);
+      Write(out / "openai_request" / absl::StrCat("body-", n++), bytes);
+    }
+  }
+
   // Tokenizer inputs: real English text, and text with special tokens in it.
   {
     int n = 0;
