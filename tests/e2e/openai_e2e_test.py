@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -351,6 +352,8 @@ def main():
         if failed:
             for log in cluster.logs():
                 print(f"---- {log.name} (tail) ----\n{log.read_text()[-3000:]}")
+    if not failed:
+        shutil.rmtree(cluster.work, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

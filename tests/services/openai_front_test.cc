@@ -62,9 +62,11 @@ class ScriptedGeneration final : public v1::Generation::Service {
       cancelled_ = context->IsCancelled();
       return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
     }
+    if (script == "slow") std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     m.set_worker_id("w");
     m.set_text("Hel");
     writer->Write(m);
+    if (script == "slow_gap") std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     m.set_text("lo");
     writer->Write(m);
     m.clear_text();
@@ -279,6 +281,20 @@ TEST_F(OpenAiFrontTest, BodyLimitAndBadInput) {
   EXPECT_TRUE(json::parse(r.body)["error"]["param"].is_null());
   r = Call(port_, "POST", "/v1/completions", R"({"prompt": "x"})", "X-Kvstrata-Timeout-Ms: no\r\n");
   EXPECT_EQ(r.status, 400);
+}
+
+// The HTTP server's idle timeout is for connections between requests, not for a request that
+// waits long for its first token or a stream that pauses.
+TEST_F(OpenAiFrontTest, ASlowFirstTokenOutlivesTheIdleTimeout) {
+  for (const char* stream : {"", R"(, "stream": true)"}) {
+    const Reply r = Call(port_, "POST", "/v1/chat/completions", Chat("slow", stream));
+    EXPECT_EQ(r.status, 200) << stream;
+    EXPECT_TRUE(absl::StrContains(r.body, "Hel")) << stream << r.body;
+  }
+  // Nor for a stream that pauses between two events.
+  const Reply r =
+      Call(port_, "POST", "/v1/chat/completions", Chat("slow_gap", R"(, "stream": true)"));
+  EXPECT_TRUE(absl::EndsWith(r.body, "data: [DONE]\n\n")) << r.body;
 }
 
 TEST_F(OpenAiFrontTest, TheTimeoutHeaderBecomesTheDeadline) {
