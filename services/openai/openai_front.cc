@@ -39,6 +39,12 @@ OpenAiFront::OpenAiFront(std::shared_ptr<grpc::ChannelInterface> channel,
 
 OpenAiFront::~OpenAiFront() = default;
 
+bool OpenAiFront::WaitIdle(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(in_flight_mu_);
+  return idle_cv_.wait_until(lock, absl::ToChronoTime(absl::Now() + timeout),
+                             [&] { return in_flight_ == 0; });
+}
+
 http::HttpResponse OpenAiFront::Handle(http::HttpRequest& request) {
   const std::string& path = request.path();
   const std::string& method = request.method();

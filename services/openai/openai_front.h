@@ -14,6 +14,7 @@
 // Thread-safety: Handle is called concurrently from the HTTP server's connection threads.
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,11 @@ class OpenAiFront {
   // While not serving (shutting down) /health answers 503 and generation requests 503.
   void SetServing(bool serving) { serving_ = serving; }
 
+  // Blocks until no generation request is in flight, or `timeout` passed; true when none is.
+  // At shutdown the router waits here before stopping its gRPC server, since stopping it ends
+  // the in-process calls at once rather than after the grace period.
+  bool WaitIdle(absl::Duration timeout);
+
  private:
   struct ServedModel {
     std::string name;
@@ -75,6 +81,11 @@ class OpenAiFront {
 
   std::mutex mu_;
   std::optional<ServedModel> served_;  // guarded by mu_; kept once the model is known
+
+  friend struct Call;
+  std::mutex in_flight_mu_;
+  std::condition_variable idle_cv_;
+  int64_t in_flight_ = 0;  // generation calls not yet ended; guarded by in_flight_mu_
 };
 
 }  // namespace kvstrata::openai

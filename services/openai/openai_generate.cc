@@ -19,31 +19,41 @@
 #include "services/openai/openai_response.h"
 
 namespace kvstrata::openai {
-namespace {
-
-constexpr char kTimeoutHeader[] = "X-Kvstrata-Timeout-Ms";
 
 // One Generate call. Shared by the handler, the streamed body and the client-gone callback, so
-// that it outlives whichever of them ends last; ending it early cancels it.
+// that it outlives whichever of them ends last; ending it early cancels it. Counted in the
+// front's in-flight requests while it exists.
 struct Call {
-  grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
-  std::atomic<bool> finished{false};
-  std::atomic<bool> client_gone{false};
-
+  explicit Call(OpenAiFront* f) : front(f) {
+    std::lock_guard<std::mutex> lock(front->in_flight_mu_);
+    ++front->in_flight_;
+  }
+  ~Call() {
+    if (reader != nullptr && !finished) {
+      context.TryCancel();
+      v1::GenerateResponse rest;
+      while (reader->Read(&rest)) {
+      }
+      reader->Finish();
+    }
+    std::lock_guard<std::mutex> lock(front->in_flight_mu_);
+    if (--front->in_flight_ == 0) front->idle_cv_.notify_all();
+  }
   grpc::Status Finish() {
     finished = true;
     return reader->Finish();
   }
-  ~Call() {
-    if (reader == nullptr || finished) return;
-    context.TryCancel();
-    v1::GenerateResponse rest;
-    while (reader->Read(&rest)) {
-    }
-    reader->Finish();
-  }
+
+  OpenAiFront* const front;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  std::atomic<bool> finished{false};
+  std::atomic<bool> client_gone{false};
 };
+
+namespace {
+
+constexpr char kTimeoutHeader[] = "X-Kvstrata-Timeout-Ms";
 
 std::string NewRequestId() {
   thread_local absl::BitGen gen;
@@ -132,7 +142,7 @@ http::HttpResponse OpenAiFront::Generate(http::HttpRequest& request, bool chat) 
   v1::GenerateRequest& generate = parsed->generate;
   generate.set_request_id(request.Header("X-Request-Id").value_or(NewRequestId()));
 
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<Call>(this);
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   FrontMetrics* metrics = metrics_.get();
   request.OnClientGone([call, metrics] {

@@ -5,6 +5,7 @@
 
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -24,13 +25,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/http_server.h"
 #include "core/metrics.h"
 #include "core/shutdown.h"
 #include "engine/defaults.h"
 #include "model/loader.h"
 #include "rpc/server.h"
-#include "core/http_server.h"
 #include "services/openai/openai_front.h"
 #include "services/router/router_service.h"
 #include "tokenizer/prompt_encoder.h"
@@ -76,8 +78,7 @@ ABSL_FLAG(bool, log_requests, true,
 ABSL_FLAG(uint32_t, http_port, 0,
           "Port of the OpenAI-compatible HTTP front (/v1/completions, /v1/chat/completions, "
           "/v1/models, /health) on the host of --listen; 0: no HTTP front.");
-ABSL_FLAG(std::string, http_host, "",
-          "Address the HTTP front binds; empty: the host of --listen.");
+ABSL_FLAG(std::string, http_host, "", "Address the HTTP front binds; empty: the host of --listen.");
 ABSL_FLAG(uint32_t, http_max_connections, 2048,
           "Open HTTP connections before new ones are refused. Each holds one thread while open "
           "(a streamed response holds it to the end), so this bounds the concurrent HTTP "
@@ -125,8 +126,8 @@ absl::Status HttpConfigFromFlags(RouterConfig& c) {
   }
   h.max_connections = static_cast<int>(absl::GetFlag(FLAGS_http_max_connections));
   if (h.max_connections < 1 || h.max_connections > 100000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--http_max_connections=", h.max_connections, ": must be in [1, 100000]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_max_connections=", h.max_connections, ": must be in [1, 100000]"));
   }
   h.max_body_bytes = absl::GetFlag(FLAGS_http_max_body_bytes);
   if (h.max_body_bytes < 1024) {
@@ -154,14 +155,15 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
   if (absl::StatusOr<std::unique_ptr<RoutingPolicy>> p =
           MakeRoutingPolicy(o.policy, o.policy_options);
       !p.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--policy=", o.policy, " (with --load_bound, "
-                                                   "--fetch_cost_ratio): ", p.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("--policy=", o.policy,
+                                                   " (with --load_bound, "
+                                                   "--fetch_cost_ratio): ",
+                                                   p.status().message()));
   }
   for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty())) {
     std::vector<std::string> parts = absl::StrSplit(w, absl::MaxSplits('=', 1));
     if (parts.size() != 2 || parts[0].empty() || !absl::StrContains(parts[1], ':')) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--workers: '", w, "' is not ID=HOST:PORT"));
+      return absl::InvalidArgumentError(absl::StrCat("--workers: '", w, "' is not ID=HOST:PORT"));
     }
     o.static_workers.push_back({parts[0], parts[1]});
   }
@@ -201,8 +203,8 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
   o.deadline_margin = absl::Milliseconds(margin);
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   if (o.max_request_bytes < (1 << 20) || o.max_request_bytes > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_request_bytes=", o.max_request_bytes, ": must be in [1 MiB, 1 GiB]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_request_bytes=", o.max_request_bytes, ": must be in [1 MiB, 1 GiB]"));
   }
   c.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   if (absl::Status s = HttpConfigFromFlags(c); !s.ok()) return s;
@@ -293,18 +295,29 @@ int Run(const RouterConfig& config) {
           (*server)->address().c_str(), config.router.policy.c_str(),
           config.router.static_workers.size(), config.router.kvstore_addresses.size(),
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)",
-          http_server ? absl::StrCat("on ", config.http->host, " port ", http_server->port())
-                            .c_str()
-                      : "(off)");
+          http_server
+              ? absl::StrCat("on ", config.http->host, " port ", http_server->port()).c_str()
+              : "(off)");
 
   std::thread waiter([&] {
     const int signal = WaitForShutdownSignal();
     fprintf(stderr, "kvstrata-router: signal %d, shutting down (grace %s)\n", signal,
             absl::FormatDuration(config.shutdown_grace).c_str());
     // New HTTP connections are refused; requests in flight get the same grace as gRPC ones.
-    if (front) front->SetServing(false);
-    if (http_server) http_server->StopAccepting();
-    (*server)->Shutdown(config.shutdown_grace);
+    // They are in-process calls, which stopping the gRPC server would end at once: it stops
+    // once they are done (gRPC clients' requests go on meanwhile), within the one grace.
+    const absl::Time give_up = absl::Now() + config.shutdown_grace;
+    if (front) {
+      front->SetServing(false);
+      http_server->StopAccepting();
+      (*server)->SetServingStatus("", false);
+      if (!front->WaitIdle(config.shutdown_grace)) {
+        fprintf(stderr,
+                "kvstrata-router: HTTP requests still running after the grace; "
+                "cancelling them\n");
+      }
+    }
+    (*server)->Shutdown(std::max(absl::ZeroDuration(), give_up - absl::Now()));
   });
   (*server)->Wait();
   waiter.join();
