@@ -34,6 +34,9 @@ void HttpRequest::OnClientGone(std::function<void()> cancel) {
 
 namespace {
 
+// Below this a connection thread may not even start once static TLS is taken out of it.
+constexpr size_t kMinThreadStack = size_t{256} << 10;
+
 // A streamed body as libmicrohttpd pulls it.
 struct StreamState {
   std::unique_ptr<ChunkSource> source;
@@ -173,6 +176,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": max_connections and max_body_bytes must be >= 1"));
   }
+  if (options.thread_stack_bytes < kMinThreadStack) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": thread_stack_bytes must be >= ", kMinThreadStack));
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -197,7 +204,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
       reinterpret_cast<sockaddr*>(&address), MHD_OPTION_CONNECTION_LIMIT,
       static_cast<unsigned>(options.max_connections), MHD_OPTION_CONNECTION_TIMEOUT,
       static_cast<unsigned>(absl::ToInt64Seconds(options.idle_timeout)),
-      MHD_OPTION_NOTIFY_COMPLETED, &MhdCallbacks::Completed, server.get(), MHD_OPTION_END);
+      MHD_OPTION_THREAD_STACK_SIZE, options.thread_stack_bytes, MHD_OPTION_NOTIFY_COMPLETED,
+      &MhdCallbacks::Completed, server.get(), MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat(where, ": cannot serve HTTP there (address in use or not local?)"));

@@ -8,9 +8,10 @@
 // Why libmicrohttpd: it hands out each connection's socket, so one watcher thread polls the
 // sockets of the requests in flight for a hang-up and runs that request's OnClientGone callback
 // at once, even while it waits in a queue or prefills a long prompt and writes nothing (civetweb
-// would only notice at the next write). And its threads get the system's default stack, which a
-// process whose libraries need much thread-local storage (cuBLAS) requires: civetweb's are fixed
-// at 100 KiB when built, too small for the decode worker, whose /metrics then failed to start.
+// would only notice at the next write). And it lets the caller size its threads' stacks:
+// civetweb's are fixed at 100 KiB when built, and glibc carves the process's static
+// thread-local storage out of each thread's stack, so in a decode worker linked with OpenBLAS and
+// the CUDA runtime /metrics failed to start (HttpServerOptions::thread_stack_bytes).
 //
 // Limits: at most max_connections open connections (one thread each; libmicrohttpd refuses
 // connections beyond it), request bodies up to max_body_bytes (413 beyond), and idle keep-alive
@@ -19,6 +20,7 @@
 // Thread-safety: Start, port and Stop from one owning thread; the handler runs concurrently on
 // the connection threads.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,6 +49,10 @@ struct HttpServerOptions {
   int64_t max_body_bytes = int64_t{8} << 20;
   // A keep-alive connection with no request for this long is closed. 0: never.
   absl::Duration idle_timeout = absl::Seconds(60);
+  // Stack of each connection thread, of which glibc takes the process's static thread-local
+  // storage (about 70 KiB in a CUDA build). Set rather than left to RLIMIT_STACK, so a small
+  // `ulimit -s` cannot starve a handler and a large one does not reserve 8 MiB per connection.
+  size_t thread_stack_bytes = size_t{1} << 20;
 };
 
 // The body of a streamed response, pulled piece by piece on the connection's thread.

@@ -230,7 +230,7 @@ std::unique_ptr<MetricsServer> MetricsServer::Start(const MetricsRegistry* regis
                                                     std::string* error) {
   const size_t colon = address.rfind(':');
   http::HttpServerOptions options;
-  // A scraper or two: few connections, each with the system's default thread stack.
+  // A scraper or two: few connections.
   options.max_connections = 64;
   options.max_body_bytes = 1 << 16;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &options.port)) {

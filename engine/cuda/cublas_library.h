@@ -3,8 +3,8 @@
 // cuBLAS opened at run time (dlopen) when a CUDA backend is created, rather than linked into
 // every binary of the engine. Linked, its thread-local storage (about 110 KiB with cuBLASLt's)
 // is carved out of every thread's stack in the process, and a library that starts threads with
-// a small fixed stack then cannot start them: civetweb's threads (100 KiB), which serve a
-// decode worker's /metrics, failed that way. Opened, its storage is allocated per thread on use.
+// a small fixed stack then cannot start them (civetweb's 100 KiB threads, which served /metrics
+// before core/http_server.h, failed that way). Opened, its storage is allocated per thread on use.
 
 #include <cublas_v2.h>
 
