@@ -256,7 +256,9 @@ TEST_F(OpenAiFrontTest, ServerStatusesKeepTheirMeaning) {
                            Chat(absl::StrCat("status:", static_cast<int>(c.code)), stream));
       EXPECT_EQ(r.status, c.http) << c.code << stream << " " << r.body;
       const json e = json::parse(r.body)["error"];
-      if (c.http == 400) EXPECT_EQ(e["param"], "top_p") << e;
+      if (c.http == 400) {
+        EXPECT_EQ(e["param"], "top_p") << e;
+      }
       EXPECT_FALSE(e["message"].get<std::string>().empty());
     }
   }
