@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -41,7 +42,9 @@ std::string FinishName(v1::FinishReason reason) {
   return absl::AsciiStrToLower(name);
 }
 
-v1::GenerateRequest ToProto(const RequestSpec& s) {
+// `history`: a session's earlier turns, put between the system prompt and this turn's question.
+v1::GenerateRequest ToProto(const RequestSpec& s,
+                            const std::vector<std::pair<std::string, std::string>>* history) {
   v1::GenerateRequest r;
   if (!s.token_ids.empty()) {
     for (uint32_t id : s.token_ids) r.mutable_token_ids()->add_ids(id);
@@ -49,12 +52,19 @@ v1::GenerateRequest ToProto(const RequestSpec& s) {
     v1::ChatInput* chat = r.mutable_chat();
     chat->set_apply_chat_template(true);
     chat->set_add_generation_prompt(true);
-    for (const auto& [role, content] : s.messages) {
+    auto add = [chat](const std::string& role, const std::string& content) {
       v1::ChatMessage* m = chat->add_messages();
       m->set_role(role);
       m->set_content(content);
+    };
+    for (size_t i = 0; i < s.messages.size(); ++i) {
+      if (history && i + 1 == s.messages.size()) {
+        for (const auto& [role, content] : *history) add(role, content);
+      }
+      add(s.messages[i].first, s.messages[i].second);
     }
   }
+  if (s.session >= 0) r.mutable_cache_hints()->set_session_id(absl::StrCat("s", s.session));
   r.mutable_sampling()->set_temperature(0.0f);
   r.mutable_stop()->set_max_tokens(s.max_tokens);
   r.mutable_stop()->set_ignore_eos(s.ignore_eos);
@@ -86,7 +96,11 @@ class Stream final : public grpc::ClientReadReactor<v1::GenerateResponse> {
 class Runner {
  public:
   Runner(const std::vector<RequestSpec>& requests, const RunOptions& o)
-      : requests_(requests), o_(o), records_(requests.size()) {
+      : requests_(requests), o_(o), records_(requests.size()), launched_(requests.size()) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i].session >= 0 && requests[i].turn == 0) session_starts_.push_back(i);
+    }
+    sessions_ = !session_starts_.empty();
     for (int c = 0; c < std::max(1, o.channels); ++c) {
       grpc::ChannelArguments args;
       args.SetInt("grpc.channel_id", c);  // distinct arguments: a connection each
@@ -104,7 +118,7 @@ class Runner {
       std::unique_lock<std::mutex> lock(mu_);
       // Woken by every end; a stop (SIGINT) is polled: the flag is set from a signal handler.
       while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] {
-        return in_flight_ == 0 && (!MaySend() || next_ >= requests_.size());
+        return in_flight_ == 0 && (!MaySend() || NothingLeftLocked());
       })) {
         if (Stopped()) CancelAllLocked();
       }
@@ -120,7 +134,7 @@ class Runner {
             cv_.wait_until(lock, std::min(at, Clock::now() + std::chrono::milliseconds(200)));
           }
           if (!MaySend()) break;
-          s = PrepareLocked();
+          s = PrepareLocked(next_++);
         }
         Begin(s);
       }
@@ -138,13 +152,16 @@ class Runner {
     progress.join();
     RunResult r;
     r.wall_s = std::chrono::duration<double>(Clock::now() - start_).count();
-    records_.resize(next_);
-    r.records = std::move(records_);
+    for (size_t i = 0; i < records_.size(); ++i) {
+      if (launched_[i]) r.records.push_back(std::move(records_[i]));
+    }
     return r;
   }
 
-  // From a stream's OnDone (a gRPC thread).
+  // From a stream's OnDone (a gRPC thread). A session's next turn is prepared under the same
+  // lock that counts this one done, so the run never looks finished in between.
   void Finished(Stream* s, const RequestRecord& r) {
+    Stream* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --in_flight_;
@@ -152,13 +169,28 @@ class Runner {
       if (!r.ok()) ++errors_;
       output_tokens_ += r.completion_tokens;
       live_.erase(s);
+      const size_t i = static_cast<size_t>(r.index);
+      if (sessions_ && r.ok() && i + 1 < requests_.size() &&
+          requests_[i + 1].session == requests_[i].session && MaySend()) {
+        auto& h = history_[requests_[i].session];
+        h.emplace_back("user", requests_[i].messages.back().second);
+        h.emplace_back("assistant", r.text);  // the answer as it came back
+        next = PrepareLocked(i + 1);
+      }
     }
     cv_.notify_all();
-    if (o_.send_at.empty()) TopUp();
+    if (next) {
+      Begin(next);
+    } else if (o_.send_at.empty()) {
+      TopUp();
+    }
   }
 
  private:
   bool Stopped() const { return o_.stop && o_.stop->load(); }
+  bool NothingLeftLocked() const {
+    return sessions_ ? next_session_ >= session_starts_.size() : next_ >= requests_.size();
+  }
   bool MaySend() const {
     return !Stopped() &&
            (o_.duration_s <= 0 ||
@@ -176,20 +208,29 @@ class Runner {
       Stream* s = nullptr;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (next_ >= requests_.size() || in_flight_ >= o_.concurrency || !MaySend()) return;
-        s = PrepareLocked();
+        if (in_flight_ >= o_.concurrency || !MaySend()) return;
+        if (sessions_) {  // a new session, if one is left
+          if (next_session_ >= session_starts_.size()) return;
+          s = PrepareLocked(session_starts_[next_session_++]);
+        } else {
+          if (next_ >= requests_.size()) return;
+          s = PrepareLocked(next_++);
+        }
       }
       Begin(s);
     }
   }
 
-  Stream* PrepareLocked() {
-    const size_t i = next_++;
+  Stream* PrepareLocked(size_t i) {
+    ++sent_;
+    launched_[i] = true;
     RequestRecord& rec = records_[i];
     rec.index = static_cast<int64_t>(i);
     rec.group = requests_[i].group;
-    rec.warmup = static_cast<int64_t>(i) < o_.warmup_requests;
-    auto* s = new Stream(this, &rec, ToProto(requests_[i]));  // deletes itself in OnDone
+    rec.warmup = static_cast<int64_t>(sent_) <= o_.warmup_requests;
+    const RequestSpec& spec = requests_[i];
+    auto* s = new Stream(this, &rec,  // deletes itself in OnDone
+                         ToProto(spec, spec.session >= 0 ? &history_[spec.session] : nullptr));
     live_.insert(s);
     ++in_flight_;
     stub_of_[s] = i % stubs_.size();
@@ -218,7 +259,7 @@ class Runner {
       std::fprintf(stderr,
                    "[%6.1f s] sent %zu/%zu  done %lld  in flight %d  errors %lld  output %.0f "
                    "tok/s\n",
-                   std::chrono::duration<double>(now - start_).count(), next_, requests_.size(),
+                   std::chrono::duration<double>(now - start_).count(), sent_, requests_.size(),
                    static_cast<long long>(done_), in_flight_, static_cast<long long>(errors_),
                    dt > 0 ? (output_tokens_ - last_tokens) / dt : 0.0);
       last_tokens = output_tokens_;
@@ -233,7 +274,13 @@ class Runner {
   Clock::time_point start_;
   std::mutex mu_;
   std::condition_variable cv_;
-  size_t next_ = 0;
+  size_t next_ = 0;  // the next request to send (not sessions)
+  size_t sent_ = 0;
+  std::vector<bool> launched_;
+  bool sessions_ = false;
+  std::vector<size_t> session_starts_;  // turn 0 of each session
+  size_t next_session_ = 0;
+  std::map<int, std::vector<std::pair<std::string, std::string>>> history_;
   int in_flight_ = 0;
   int64_t done_ = 0, errors_ = 0, output_tokens_ = 0;
   bool done_running_ = false;
@@ -267,6 +314,7 @@ void Stream::OnReadDone(bool ok) {
     }
     last_token_ = now;
   }
+  record_->text += message_.text();
   if (message_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
     record_->finish_reason = FinishName(message_.finish_reason());
   }
@@ -326,6 +374,11 @@ absl::StatusOr<RunResult> RunLoad(const std::vector<RequestSpec>& requests, cons
   if (requests.empty()) return absl::InvalidArgumentError("no requests to send");
   if (!o.send_at.empty() && o.send_at.size() != requests.size()) {
     return absl::InternalError("send times and requests differ in number");
+  }
+  const bool sessions = std::any_of(requests.begin(), requests.end(),
+                                    [](const RequestSpec& r) { return r.session >= 0; });
+  if (sessions && !o.send_at.empty()) {
+    return absl::InvalidArgumentError("multi-turn sessions run in a closed loop (--arrivals=closed)");
   }
   if (o.send_at.empty() && o.concurrency < 1) {
     return absl::InvalidArgumentError("--concurrency must be >= 1 in a closed loop");

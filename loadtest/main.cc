@@ -26,15 +26,18 @@
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50070",
           "HOST:PORT of a kvstrata router (or of one decode worker)");
-ABSL_FLAG(std::string, workload, "shared-prefix", "shared-prefix or trace");
+ABSL_FLAG(std::string, workload, "shared-prefix", "shared-prefix, sessions or trace");
 // shared-prefix
 ABSL_FLAG(int, groups, 8, "shared-prefix: groups, each with its own system prompt");
 ABSL_FLAG(int, prompts_per_group, 16, "shared-prefix: requests per group");
-ABSL_FLAG(int, system_tokens, 600, "shared-prefix: system prompt length, about, in tokens");
-ABSL_FLAG(int, question_tokens, 40, "shared-prefix: question length, about, in tokens");
-ABSL_FLAG(uint32_t, max_tokens, 32, "shared-prefix: tokens to generate per request");
+ABSL_FLAG(int, system_tokens, 600, "shared-prefix, sessions: system prompt length, about, in tokens");
+ABSL_FLAG(int, question_tokens, 40, "shared-prefix, sessions: question length, about, in tokens");
+ABSL_FLAG(uint32_t, max_tokens, 32, "shared-prefix, sessions: tokens to generate per request");
 ABSL_FLAG(std::string, text_file, "/usr/share/common-licenses/GPL-3",
           "shared-prefix: real English text the prompts are cut from");
+// sessions
+ABSL_FLAG(int, sessions, 8, "sessions: conversations (--concurrency of them at once)");
+ABSL_FLAG(int, turns, 4, "sessions: turns per conversation, each sent when the last returned");
 // trace
 ABSL_FLAG(std::string, trace, "", "trace: a Mooncake JSONL file (timestamp, input_length, "
                                   "output_length, hash_ids)");
@@ -88,8 +91,12 @@ int Main() {
   const std::string target = absl::GetFlag(FLAGS_target);
   const std::string workload = absl::GetFlag(FLAGS_workload);
   const std::string arrivals = absl::GetFlag(FLAGS_arrivals);
-  if (workload != "shared-prefix" && workload != "trace") {
-    return Usage(absl::StrCat("--workload=", workload, ": expected shared-prefix or trace"));
+  if (workload != "shared-prefix" && workload != "sessions" && workload != "trace") {
+    return Usage(
+        absl::StrCat("--workload=", workload, ": expected shared-prefix, sessions or trace"));
+  }
+  if (workload == "sessions" && arrivals != "closed") {
+    return Usage("--workload=sessions runs in a closed loop: --arrivals=closed");
   }
   if (arrivals != "closed" && arrivals != "poisson" && arrivals != "gamma" && arrivals != "trace") {
     return Usage(absl::StrCat("--arrivals=", arrivals, ": expected closed, poisson, gamma or trace"));
@@ -115,11 +122,25 @@ int Main() {
 
   std::vector<RequestSpec> requests;
   std::vector<double> send_at;
-  if (workload == "shared-prefix") {
+  std::string text;
+  if (workload != "trace") {
     std::ifstream in(absl::GetFlag(FLAGS_text_file));
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     if (text.empty()) return Usage(absl::StrCat("--text_file ", absl::GetFlag(FLAGS_text_file),
                                                 ": missing or empty"));
+  }
+  if (workload == "sessions") {
+    SessionOptions o;
+    o.sessions = absl::GetFlag(FLAGS_sessions);
+    o.turns = absl::GetFlag(FLAGS_turns);
+    o.system_tokens = absl::GetFlag(FLAGS_system_tokens);
+    o.question_tokens = absl::GetFlag(FLAGS_question_tokens);
+    o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    o.seed = absl::GetFlag(FLAGS_seed);
+    absl::StatusOr<std::vector<RequestSpec>> r = SessionRequests(o, text);
+    if (!r.ok()) return Usage(std::string(r.status().message()));
+    requests = *std::move(r);
+  } else if (workload == "shared-prefix") {
     SharedPrefixOptions o;
     o.groups = absl::GetFlag(FLAGS_groups);
     o.prompts_per_group = absl::GetFlag(FLAGS_prompts_per_group);

@@ -31,6 +31,7 @@ struct RequestRecord {
   uint32_t uncached_tokens = 0;
   uint32_t predicted_cached_tokens = 0;
   std::string worker_id;
+  std::string text;  // the answer, as streamed (kept for multi-turn sessions; not in the CSV)
 
   // Time per output token after the first: (e2e - ttft) / (completion - 1); -1 when undefined.
   double tpot_ms() const;

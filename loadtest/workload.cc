@@ -139,6 +139,39 @@ absl::StatusOr<std::vector<RequestSpec>> SharedPrefixRequests(const SharedPrefix
   return out;
 }
 
+absl::StatusOr<std::vector<RequestSpec>> SessionRequests(const SessionOptions& o,
+                                                        std::string_view text) {
+  if (o.sessions < 1 || o.turns < 1) {
+    return absl::InvalidArgumentError("--sessions and --turns must be >= 1");
+  }
+  if (o.system_tokens < 1 || o.question_tokens < 1) {
+    return absl::InvalidArgumentError("--system_tokens and --question_tokens must be >= 1");
+  }
+  if (text.size() < 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the text file holds ", text.size(), " bytes; at least 4096 are needed"));
+  }
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<size_t> offset(0, text.size() - 1);
+  std::vector<RequestSpec> out;
+  for (int s = 0; s < o.sessions; ++s) {
+    const std::string system = absl::StrCat("You are assistant number ", s, ". Background: ",
+                                            TextSlice(text, offset(rng), o.system_tokens));
+    for (int t = 0; t < o.turns; ++t) {
+      RequestSpec r;
+      r.messages = {{"system", system},
+                    {"user", absl::StrCat(t == 0 ? "Summarise this: " : "And this: ",
+                                          TextSlice(text, offset(rng), o.question_tokens))}};
+      r.max_tokens = o.max_tokens;
+      r.group = absl::StrCat("s", s);
+      r.session = s;
+      r.turn = t;
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
 std::vector<double> GammaArrivals(int64_t n, double rate, double burstiness, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const double shape = 1.0 / std::max(burstiness, 1e-6);

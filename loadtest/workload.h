@@ -8,6 +8,10 @@
 //                  of about --system-tokens tokens of real English text, each request its own
 //                  question of about --question-tokens tokens (text cut from other places of the
 //                  same file), so a group's requests share a prefix and the groups do not.
+//   sessions       multi-turn chat: --sessions conversations of --turns turns each; turn k+1 is
+//                  sent when turn k has returned and carries the whole conversation so far (the
+//                  system prompt, every question and the answers as they came back), with the
+//                  session id as a routing hint, so each turn's prompt extends the last one's.
 //   trace          Mooncake JSONL replay (timestamp ms, input_length, output_length, hash_ids):
 //                  every 512-token block gets token ids derived from its hash id alone, so equal
 //                  ids give equal tokens and the trace's chains stay chains; the last block is cut
@@ -37,6 +41,11 @@ struct RequestSpec {
   bool ignore_eos = false;
   std::string group;       // what the request shares a prefix with ("g3", "trace"), for reports
   double trace_time_s = -1;  // the trace's arrival time (before --speedup), -1 if none
+  // Multi-turn sessions: turn `turn` of session `session` (-1: not part of one). Its messages
+  // are the system prompt and this turn's question; the client puts the conversation so far
+  // between them when it sends the turn.
+  int session = -1;
+  int turn = 0;
 };
 
 // One line of a Mooncake trace.
@@ -76,6 +85,18 @@ struct SharedPrefixOptions {
 // groups interleave. InvalidArgument when the text is too short for the lengths asked.
 absl::StatusOr<std::vector<RequestSpec>> SharedPrefixRequests(const SharedPrefixOptions& o,
                                                              std::string_view text);
+
+struct SessionOptions {
+  int sessions = 4;
+  int turns = 4;
+  int system_tokens = 300;
+  int question_tokens = 30;
+  uint32_t max_tokens = 32;
+  uint64_t seed = 1;
+};
+// The turns of a multi-turn workload, session by session (turn 0 first in each), over `text`.
+absl::StatusOr<std::vector<RequestSpec>> SessionRequests(const SessionOptions& o,
+                                                        std::string_view text);
 
 // Send times (seconds from the start) of n requests at `rate` per second with gamma-distributed
 // gaps of shape 1 / burstiness (burstiness 1: exponential gaps, a Poisson process).

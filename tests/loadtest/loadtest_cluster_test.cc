@@ -148,6 +148,34 @@ TEST_F(LoadTestCluster, AScaledTraceReplaysWithItsLengths) {
   }
 }
 
+TEST_F(LoadTestCluster, SessionTurnsCarryTheConversationAndReuseItsPages) {
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--workload=sessions",
+                              "--sessions=2", "--turns=3", "--concurrency=2", "--max_tokens=8",
+                              "--system_tokens=200", "--question_tokens=20"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.report.is_object()) << r.output;
+  const auto& q = r.report["requests"];
+  ASSERT_EQ(q.size(), 6u);
+  for (int s = 0; s < 2; ++s) {
+    for (int t = 1; t < 3; ++t) {
+      const auto& prev = q[s * 3 + t - 1];
+      const auto& cur = q[s * 3 + t];
+      EXPECT_EQ(cur["group"], prev["group"]);
+      // This turn's prompt holds the last one's prompt and its answer, then a new question.
+      EXPECT_GT(cur["prompt_tokens"].get<int>(),
+                prev["prompt_tokens"].get<int>() + prev["completion_tokens"].get<int>())
+          << cur.dump();
+      // And the pages of the last turn's prompt come from the cache.
+      EXPECT_GE(cur["cached_local_tokens"].get<int>() + cur["cached_kvstore_tokens"].get<int>(),
+                64 * ((prev["prompt_tokens"].get<int>() - 1) / 64) - 64)
+          << cur.dump();
+    }
+  }
+  EXPECT_FALSE(LoadTest({absl::StrCat("--target=", target_), "--workload=sessions",
+                         "--arrivals=poisson"})
+                   .exit_code == 0);
+}
+
 TEST_F(LoadTestCluster, BadFlagsAreNamed) {
   const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--arrivals=sometimes"});
   EXPECT_EQ(r.exit_code, 2);

@@ -129,6 +129,30 @@ TEST(SharedPrefixTest, GroupsShareTheirSystemPromptAndNothingElse) {
   EXPECT_FALSE(SharedPrefixRequests(o, "too short").ok());
 }
 
+TEST(SessionsTest, TurnsComeSessionBySessionWithTheirOwnSystemPrompt) {
+  std::ifstream in("/usr/share/common-licenses/GPL-3");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  SessionOptions o;
+  o.sessions = 3;
+  o.turns = 4;
+  absl::StatusOr<std::vector<RequestSpec>> r = SessionRequests(o, text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 12u);
+  for (size_t i = 0; i < r->size(); ++i) {
+    const RequestSpec& s = (*r)[i];
+    EXPECT_EQ(s.session, static_cast<int>(i / 4));
+    EXPECT_EQ(s.turn, static_cast<int>(i % 4));
+    ASSERT_EQ(s.messages.size(), 2u);
+    EXPECT_EQ(s.messages[0].second, (*r)[i - i % 4].messages[0].second);  // the session's system
+    if (i % 4) {
+      EXPECT_NE(s.messages[1].second, (*r)[i - 1].messages[1].second);  // a new question
+    }
+  }
+  EXPECT_NE((*r)[0].messages[0].second, (*r)[4].messages[0].second);
+  o.turns = 0;
+  EXPECT_FALSE(SessionRequests(o, text).ok());
+}
+
 TEST(ArrivalsTest, GammaGapsHaveTheRateAndTheBurstinessAsked) {
   for (double burstiness : {1.0, 4.0}) {
     const int n = 40000;
