@@ -156,9 +156,10 @@ int Main() {
     absl::StatusOr<std::vector<TraceRecord>> trace =
         ReadTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_trace_requests));
     if (!trace.ok()) return Fail(trace.status());
-    BlockMapping m;
-    m.block_tokens = std::max(1, static_cast<int>(std::lround(512 * scale)));
-    m.end_id = info->vocab_size > 512 ? info->vocab_size - 256 : 32000;
+    if (info->vocab_size == 0) {
+      return Fail(absl::FailedPreconditionError("the target reports no vocabulary"));
+    }
+    const BlockMapping m = MappingFor(info->vocab_size, scale);
     int64_t too_long = 0;
     for (const TraceRecord& t : *trace) {
       absl::StatusOr<std::vector<uint32_t>> prompt = TracePrompt(t, m);

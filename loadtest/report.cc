@@ -85,7 +85,9 @@ Summary Summarise(const std::vector<RequestRecord>& records, const Slo& slo, dou
   s.predicted_over_actual = cached > 0 ? static_cast<double>(s.predicted_cached) / cached : 0;
   s.client_cpu_cores = run_wall_s > 0 ? cpu_seconds / run_wall_s : 0;
   // Busy for most of one core (the completion queue and progress thread) or of the machine.
-  s.client_bound = s.client_cpu_cores > 0.8 || (cores > 0 && s.client_cpu_cores > 0.5 * cores);
+  // (A run of under a second is too short to say.)
+  s.client_bound = run_wall_s >= 1 && (s.client_cpu_cores > 0.8 ||
+                                       (cores > 0 && s.client_cpu_cores > 0.5 * cores));
   return s;
 }
 

@@ -54,6 +54,14 @@ absl::StatusOr<std::vector<TraceRecord>> ReadTrace(const std::string& path, int6
   return out;
 }
 
+BlockMapping MappingFor(uint32_t vocab, double scale) {
+  BlockMapping m;
+  m.block_tokens = std::max(1, static_cast<int>(std::lround(512 * scale)));
+  m.first_id = vocab > 512 ? 256 : 0;
+  m.end_id = vocab > 512 ? vocab - 256 : vocab;
+  return m;
+}
+
 std::vector<uint32_t> BlockTokens(int64_t hash_id, const BlockMapping& m) {
   // splitmix64 over (hash id, position): no state shared between blocks.
   std::vector<uint32_t> ids(m.block_tokens);

@@ -67,6 +67,10 @@ struct BlockMapping {
   uint32_t first_id = 256;    // token ids are drawn from [first_id, end_id)
   uint32_t end_id = 32000;
 };
+// The mapping for a target whose vocabulary has `vocab` ids, at `scale` of the trace's lengths:
+// ids clear of the first and last 256 (byte and control tokens in most vocabularies), or the
+// whole vocabulary when it is small (a byte-level tokenizer); blocks of 512 x scale tokens.
+BlockMapping MappingFor(uint32_t vocab, double scale);
 // The ids of one block: a function of its hash id alone.
 std::vector<uint32_t> BlockTokens(int64_t hash_id, const BlockMapping& m);
 // A request's prompt: its blocks' tokens in order, cut to input_length (scaled by

@@ -78,6 +78,18 @@ TEST(BlockTokensTest, AreAFunctionOfTheHashIdAlone) {
   EXPECT_GT(std::count(seen.begin(), seen.end(), true), 300);
 }
 
+TEST(BlockTokensTest, IdsStayInsideTheTargetsVocabulary) {
+  for (uint32_t vocab : {259u, 49152u, 151936u}) {
+    const BlockMapping m = MappingFor(vocab, 0.0625);
+    EXPECT_EQ(m.block_tokens, 32);
+    for (int64_t h : {0, 1, 77, 123456}) {
+      for (uint32_t id : BlockTokens(h, m)) EXPECT_LT(id, vocab) << vocab;
+    }
+  }
+  EXPECT_EQ(MappingFor(49152, 1.0).first_id, 256u);
+  EXPECT_EQ(MappingFor(49152, 1.0).end_id, 49152u - 256);
+}
+
 TEST(BlockTokensTest, PromptsSharingBlocksShareTokensAndAreCutToTheirLength) {
   BlockMapping m;
   m.block_tokens = 16;  // a 1/32 scale
