@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libeigen3-dev libopenblas-dev libssl-dev libxxhash-dev
   libmicrohttpd-dev nlohmann-json3-dev libre2-dev
+  prometheus-cpp-dev  # metrics: its core library (its CMake config also wants civetweb, curl, zlib)
   prometheus
   buildah debootstrap  # the CPU container image: scripts/build-image.sh
   clang libclang-rt-14-dev  # sanitizer builds and libFuzzer: scripts/sanitize.sh, scripts/fuzz.sh
