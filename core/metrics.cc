@@ -1,80 +1,81 @@
 #include "core/metrics.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
+#include <map>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "core/check.h"
 #include "core/http_server.h"
+#include "prometheus/check_names.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
 
 namespace kvstrata {
 
-Histogram::Histogram(const std::vector<double>* bounds)
-    : bounds_(bounds), buckets_(new std::atomic<uint64_t>[bounds->size() + 1]) {
-  for (size_t i = 0; i <= bounds_->size(); ++i) buckets_[i].store(0);
-}
-
-void Histogram::Observe(double v) {
-  const size_t i = std::lower_bound(bounds_->begin(), bounds_->end(), v) - bounds_->begin();
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(v, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
-}
-
-std::vector<uint64_t> Histogram::cumulative_counts() const {
-  std::vector<uint64_t> out(bounds_->size() + 1);
-  uint64_t running = 0;
-  for (size_t i = 0; i <= bounds_->size(); ++i) out[i] = running += buckets_[i].load();
-  return out;
+template <typename T>
+Family<T>::Family(prometheus::Family<T>* family, std::string name,
+                  std::vector<std::string> label_names, std::vector<double> bounds)
+    : family_(family),
+      name_(std::move(name)),
+      label_names_(std::move(label_names)),
+      bounds_(std::move(bounds)) {
+  if (label_names_.empty()) single_ = &With({});
 }
 
 template <typename T>
 T& Family<T>::With(const std::vector<std::string>& values) {
   KV_CHECK(values.size() == label_names_.size()) << "metric " << name_ << ": wrong label count";
-  std::lock_guard<std::mutex> lock(mu_);
-  std::unique_ptr<T>& child = children_[values];
-  if (!child) {
-    if constexpr (std::is_same_v<T, Histogram>) {
-      child = std::make_unique<T>(&bounds_);
-    } else {
-      child = std::make_unique<T>();
-    }
+  prometheus::Labels labels;
+  for (size_t i = 0; i < values.size(); ++i) labels.emplace(label_names_[i], values[i]);
+  if constexpr (std::is_same_v<T, Histogram>) {
+    return family_->Add(labels, bounds_);
+  } else {
+    return family_->Add(labels);
   }
-  return *child;
 }
 
 template <typename T>
-std::vector<std::pair<std::vector<std::string>, const T*>> Family<T>::Children() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::pair<std::vector<std::string>, const T*>> out;
-  for (const auto& [labels, child] : children_) out.emplace_back(labels, child.get());
-  return out;
+T& Family<T>::Get() {
+  KV_CHECK(single_ != nullptr) << "metric " << name_ << " has labels: use With()";
+  return *single_;
 }
 
 template class Family<Counter>;
 template class Family<Gauge>;
 template class Family<Histogram>;
 
+void MetricsRegistry::Declare(const std::string& name, const std::string& help,
+                              const std::vector<std::string>& label_names,
+                              prometheus::MetricType type) {
+  KV_CHECK(prometheus::CheckMetricName(name)) << "bad metric name " << name;
+  KV_CHECK(help.find_first_of("\\\n") == std::string::npos)
+      << "metric " << name << ": help needs escaping";
+  for (const std::string& label : label_names) {
+    KV_CHECK(prometheus::CheckLabelName(label)) << "metric " << name << ": bad label " << label;
+  }
+  for (const Declared& d : declared_) KV_CHECK(d.name != name) << "metric " << name << " twice";
+  declared_.push_back({name, help, type});
+}
+
 Family<Counter>& MetricsRegistry::AddCounter(std::string name, std::string help,
                                              std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
-  counters_.push_back(
-      std::make_unique<Family<Counter>>(std::move(name), std::move(help), std::move(label_names)));
-  order_.emplace_back(MetricType::kCounter, counters_.size() - 1);
+  Declare(name, help, label_names, prometheus::MetricType::Counter);
+  auto* family = &prometheus::BuildCounter().Name(name).Help(help).Register(registry_);
+  counters_.push_back(std::make_unique<Family<Counter>>(
+      family, std::move(name), std::move(label_names), std::vector<double>{}));
   return *counters_.back();
 }
 
 Family<Gauge>& MetricsRegistry::AddGauge(std::string name, std::string help,
                                          std::vector<std::string> label_names) {
   std::lock_guard<std::mutex> lock(mu_);
-  gauges_.push_back(
-      std::make_unique<Family<Gauge>>(std::move(name), std::move(help), std::move(label_names)));
-  order_.emplace_back(MetricType::kGauge, gauges_.size() - 1);
+  Declare(name, help, label_names, prometheus::MetricType::Gauge);
+  auto* family = &prometheus::BuildGauge().Name(name).Help(help).Register(registry_);
+  gauges_.push_back(std::make_unique<Family<Gauge>>(family, std::move(name), std::move(label_names),
+                                                    std::vector<double>{}));
   return *gauges_.back();
 }
 
@@ -82,125 +83,69 @@ Family<Histogram>& MetricsRegistry::AddHistogram(std::string name, std::string h
                                                  std::vector<double> bounds,
                                                  std::vector<std::string> label_names) {
   std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
   std::lock_guard<std::mutex> lock(mu_);
+  Declare(name, help, label_names, prometheus::MetricType::Histogram);
+  auto* family = &prometheus::BuildHistogram().Name(name).Help(help).Register(registry_);
   histograms_.push_back(std::make_unique<Family<Histogram>>(
-      std::move(name), std::move(help), std::move(label_names), std::move(bounds)));
-  order_.emplace_back(MetricType::kHistogram, histograms_.size() - 1);
+      family, std::move(name), std::move(label_names), std::move(bounds)));
   return *histograms_.back();
 }
 
-namespace {
-
-std::string EscapeLabel(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '"')
-      out += "\\\"";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
-
-std::string EscapeHelp(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
-
-std::string Labels(const std::vector<std::string>& names, const std::vector<std::string>& values,
-                   const std::string& extra = "") {
-  std::string out;
-  for (size_t i = 0; i < names.size(); ++i) {
-    absl::StrAppend(&out, out.empty() ? "" : ",", names[i], "=\"", EscapeLabel(values[i]), "\"");
-  }
-  if (!extra.empty()) absl::StrAppend(&out, out.empty() ? "" : ",", extra);
-  return out.empty() ? "" : absl::StrCat("{", out, "}");
-}
-
-std::string Number(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
-  char buf[32];
-  const auto result = std::to_chars(buf, buf + sizeof(buf), v);  // shortest that round-trips
-  return std::string(buf, result.ptr);
-}
-
-template <typename T>
-void Header(std::string* out, const Family<T>& f, const char* type) {
-  absl::StrAppend(out, "# HELP ", f.name(), " ", EscapeHelp(f.help()), "\n# TYPE ", f.name(), " ",
-                  type, "\n");
-}
-
-}  // namespace
-
 std::string MetricsRegistry::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string out;
-  for (const auto& [type, index] : order_) {
-    switch (type) {
-      case MetricType::kCounter: {
-        const Family<Counter>& f = *counters_[index];
-        Header(&out, f, "counter");
-        for (const auto& [labels, c] : f.Children()) {
-          absl::StrAppend(&out, f.name(), Labels(f.label_names(), labels), " ", Number(c->value()),
-                          "\n");
-        }
-        break;
-      }
-      case MetricType::kGauge: {
-        const Family<Gauge>& f = *gauges_[index];
-        Header(&out, f, "gauge");
-        for (const auto& [labels, g] : f.Children()) {
-          absl::StrAppend(&out, f.name(), Labels(f.label_names(), labels), " ", Number(g->value()),
-                          "\n");
-        }
-        break;
-      }
-      case MetricType::kHistogram: {
-        const Family<Histogram>& f = *histograms_[index];
-        Header(&out, f, "histogram");
-        for (const auto& [labels, h] : f.Children()) {
-          const std::vector<uint64_t> counts = h->cumulative_counts();
-          for (size_t i = 0; i <= f.bounds().size(); ++i) {
-            const std::string le = i < f.bounds().size() ? Number(f.bounds()[i]) : "+Inf";
-            absl::StrAppend(&out, f.name(), "_bucket",
-                            Labels(f.label_names(), labels, absl::StrCat("le=\"", le, "\"")), " ",
-                            counts[i], "\n");
-          }
-          absl::StrAppend(&out, f.name(), "_sum", Labels(f.label_names(), labels), " ",
-                          Number(h->sum()), "\n");
-          absl::StrAppend(&out, f.name(), "_count", Labels(f.label_names(), labels), " ",
-                          counts.back(), "\n");
-        }
-        break;
-      }
+  std::map<std::string, prometheus::MetricFamily> collected;
+  for (prometheus::MetricFamily& f : registry_.Collect()) {
+    std::string name = f.name;
+    collected.emplace(std::move(name), std::move(f));
+  }
+  std::vector<prometheus::MetricFamily> families;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    families.reserve(declared_.size());
+    for (const Declared& d : declared_) {
+      auto it = collected.find(d.name);
+      families.push_back(it != collected.end()
+                             ? std::move(it->second)
+                             : prometheus::MetricFamily{d.name, d.help, d.type, {}});
     }
   }
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+std::vector<std::string> MetricsRegistry::names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const Declared& d : declared_) out.push_back(d.name);
   return out;
 }
 
 const std::vector<double>& LatencyBucketsSeconds() {
-  static const auto* b = new std::vector<double>{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                 0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+  static const auto* b =
+      new std::vector<double>{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,   0.25, 0.5,
+                              1.0,   2.5,    5.0,   10.0, 30.0,  60.0, 120.0, 300.0};
   return *b;
 }
 
 const std::vector<double>& TokenLatencyBucketsSeconds() {
-  static const auto* b = new std::vector<double>{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
-                                                 0.1,   0.15,   0.25,  0.5,  1.0,   2.5,  5.0};
+  static const auto* b =
+      new std::vector<double>{0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05,
+                              0.075,  0.1,   0.15,   0.25,  0.5,    1.0,  2.5,   5.0};
+  return *b;
+}
+
+const std::vector<double>& RpcLatencyBucketsSeconds() {
+  static const auto* b =
+      new std::vector<double>{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                              0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   10.0};
+  return *b;
+}
+
+const std::vector<double>& TransferBucketsBytes() {
+  static const auto* b = [] {
+    auto* v = new std::vector<double>;
+    for (double bytes = 4096; bytes <= 1024.0 * 1024 * 1024; bytes *= 4) v->push_back(bytes);
+    return v;
+  }();
   return *b;
 }
 

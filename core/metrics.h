@@ -1,116 +1,114 @@
 #pragma once
 
-// Prometheus metrics in the text exposition format (version 0.0.4), kept small on purpose:
-// counters, gauges and histograms, each a family with fixed label names. A component declares
-// its metrics in one place (a struct of family references built from one registry) and
-// /metrics renders the registry. Names follow Prometheus conventions: kvstrata_ prefix, unit
-// suffixes (_seconds, _bytes, _tokens), counters end in _total.
+// Prometheus metrics on prometheus-cpp's core library (Debian's prometheus-cpp-dev): its
+// counters, gauges and histograms, one prometheus::Registry per process, its TextSerializer for
+// the text exposition format (0.0.4). What is kvstrata's own is small: a component declares its
+// metrics in one place (a struct of Family members built from one MetricsRegistry: name, help,
+// label names, bucket bounds), families keep fixed label names given positionally, and
+// /metrics is served on kvstrata's HTTP server (core/http_server.h), not on prometheus-cpp's
+// Exposer (prometheus-cpp::pull is not linked): the Exposer runs civetweb, whose 100 KiB thread
+// stacks cannot hold the static TLS of the CUDA runtime and OpenBLAS (/metrics of the CUDA build
+// failed to start that way before), and one HTTP stack per process is simpler.
 //
-// Thread-safe: updates are lock-free atomics on an existing child; looking up a child by label
-// values takes the family's mutex (keep label values low-cardinality and cache the child).
+// Names follow Prometheus conventions: kvstrata_ prefix, unit suffixes (_seconds, _bytes,
+// _tokens), counters end in _total.
+//
+// Thread-safe: updates are atomics on an existing child; looking up a child by label values
+// takes the family's mutex (keep label values low-cardinality and cache the child); a family
+// without labels keeps its one child, so Get() takes no lock.
 
-#include <atomic>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_type.h"
+#include "prometheus/registry.h"
+
 namespace kvstrata {
 
-class Counter {
- public:
-  void Increment(double by = 1.0) { value_.fetch_add(by, std::memory_order_relaxed); }
-  double value() const { return value_.load(std::memory_order_relaxed); }
+using Counter = prometheus::Counter;
+using Gauge = prometheus::Gauge;  // Set, Increment(by), Decrement(by)
+using Histogram = prometheus::Histogram;
 
- private:
-  std::atomic<double> value_{0.0};
-};
-
-class Gauge {
- public:
-  void Set(double v) { value_.store(v, std::memory_order_relaxed); }
-  void Add(double by) { value_.fetch_add(by, std::memory_order_relaxed); }
-  double value() const { return value_.load(std::memory_order_relaxed); }
-
- private:
-  std::atomic<double> value_{0.0};
-};
-
-class Histogram {
- public:
-  explicit Histogram(const std::vector<double>* bounds);
-  void Observe(double v);
-  // Cumulative counts per bound (then +Inf), sum and count, read without a lock (each value is
-  // consistent on its own; a scrape may see an observation in count before it shows in sum).
-  std::vector<uint64_t> cumulative_counts() const;
-  double sum() const { return sum_.load(std::memory_order_relaxed); }
-  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
-
- private:
-  const std::vector<double>* bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // [bounds.size() + 1], not cumulative
-  std::atomic<double> sum_{0.0};
-  std::atomic<uint64_t> count_{0};
-};
-
-enum class MetricType { kCounter, kGauge, kHistogram };
-
-// A metric name and its children, one per combination of label values.
+// A metric name with fixed label names, and its children, one per combination of label values.
+// Owned by the MetricsRegistry that made it.
 template <typename T>
 class Family {
  public:
-  Family(std::string name, std::string help, std::vector<std::string> label_names,
-         std::vector<double> bounds = {})
-      : name_(std::move(name)),
-        help_(std::move(help)),
-        label_names_(std::move(label_names)),
-        bounds_(std::move(bounds)) {}
+  Family(prometheus::Family<T>* family, std::string name, std::vector<std::string> label_names,
+         std::vector<double> bounds);
+  Family(const Family&) = delete;
+  Family& operator=(const Family&) = delete;
 
-  // The child for these label values (created on first use). values.size() must equal the
-  // number of label names; extra or missing values are a programming error (CHECK).
+  // The child for these label values, in the order of the label names (created on first use).
+  // values.size() must equal the number of label names: a programming error otherwise (CHECK).
   T& With(const std::vector<std::string>& values);
-  T& Get() { return With({}); }
+  // The one child of a family without labels; it exists from the start (reads 0).
+  T& Get();
 
   const std::string& name() const { return name_; }
-  const std::string& help() const { return help_; }
-  const std::vector<std::string>& label_names() const { return label_names_; }
-  const std::vector<double>& bounds() const { return bounds_; }
-  // Snapshot of (label values, child) pairs in label order.
-  std::vector<std::pair<std::vector<std::string>, const T*>> Children() const;
 
  private:
-  std::string name_, help_;
+  prometheus::Family<T>* family_;
+  std::string name_;
   std::vector<std::string> label_names_;
-  std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_;
+  std::vector<double> bounds_;  // histograms only
+  T* single_ = nullptr;         // the child of a family without labels
 };
 
 class MetricsRegistry {
  public:
+  // name, help and label names must be valid Prometheus names, the name new to this registry,
+  // and help a single line without backslashes (prometheus-cpp writes it unescaped): CHECKed.
   Family<Counter>& AddCounter(std::string name, std::string help,
                               std::vector<std::string> label_names = {});
   Family<Gauge>& AddGauge(std::string name, std::string help,
                           std::vector<std::string> label_names = {});
+  // bounds: the upper bounds of the buckets (any order; +Inf is added).
   Family<Histogram>& AddHistogram(std::string name, std::string help, std::vector<double> bounds,
                                   std::vector<std::string> label_names = {});
 
-  // The text exposition of every family, in registration order.
+  // The text exposition of every declared family, in declaration order. A family without a
+  // child yet is shown by its HELP and TYPE lines (prometheus-cpp would leave it out), so every
+  // declared metric is on the endpoint from the start.
   std::string Render() const;
+  // The names declared so far, in declaration order.
+  std::vector<std::string> names() const;
 
  private:
+  struct Declared {
+    std::string name;
+    std::string help;
+    prometheus::MetricType type;
+  };
+  void Declare(const std::string& name, const std::string& help,
+               const std::vector<std::string>& label_names, prometheus::MetricType type);
+
+  prometheus::Registry registry_;
   mutable std::mutex mu_;
+  std::vector<Declared> declared_;
   std::vector<std::unique_ptr<Family<Counter>>> counters_;
   std::vector<std::unique_ptr<Family<Gauge>>> gauges_;
   std::vector<std::unique_ptr<Family<Histogram>>> histograms_;
-  std::vector<std::pair<MetricType, size_t>> order_;
 };
 
-// Buckets for latencies in seconds: 1 ms .. 60 s, roughly x2.5 apart (TTFT, end-to-end).
+// Bucket bounds, chosen to resolve both the CUDA path (milliseconds) and the CPU path (up to
+// minutes for a long prompt on a small host); docs/operations.md lists them.
+//
+// Request latencies in seconds (time to first token, end-to-end, queue time): 1 ms .. 300 s.
 const std::vector<double>& LatencyBucketsSeconds();
-// Buckets for per-token latencies in seconds: 1 ms .. 5 s.
+// Per-token latencies in seconds (inter-token): 0.5 ms .. 5 s, finest where a GPU decodes
+// (2.5 .. 25 ms) and where a CPU does (25 .. 250 ms).
 const std::vector<double>& TokenLatencyBucketsSeconds();
+// kvstore calls in seconds (a served RPC; a decode worker's lookup + fetch): 100 us .. 10 s.
+const std::vector<double>& RpcLatencyBucketsSeconds();
+// Page data moved per call in bytes: 4 KiB (part of one page) .. 1 GiB, x4 apart.
+const std::vector<double>& TransferBucketsBytes();
 
 namespace http {
 class HttpServer;

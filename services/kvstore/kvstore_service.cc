@@ -70,7 +70,7 @@ class KvStoreMetrics {
                                "KvStore RPCs by method and gRPC status code.", {"method", "code"})),
         latency_(r.AddHistogram("kvstrata_kvstore_request_duration_seconds",
                                 "KvStore RPC latency (whole stream for streaming RPCs).",
-                                LatencyBucketsSeconds(), {"method"})) {}
+                                RpcLatencyBucketsSeconds(), {"method"})) {}
 
   void Record(const char* method, absl::Duration elapsed, absl::StatusCode code) {
     latency_.With({method}).Observe(absl::ToDoubleSeconds(elapsed));

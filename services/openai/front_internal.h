@@ -21,10 +21,7 @@ class FrontMetrics {
                             "Streamed (server-sent events) responses in progress.")),
         client_gone(r->AddCounter("kvstrata_router_http_client_disconnects_total",
                                   "Generation requests cancelled because the HTTP client hung up "
-                                  "before the response was complete.")) {
-    streams.Get();
-    client_gone.Get();
-  }
+                                  "before the response was complete.")) {}
 
   Family<Counter>& requests;
   Family<Gauge>& streams;

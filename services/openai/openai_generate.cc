@@ -70,9 +70,9 @@ class SseStream final : public http::ChunkSource {
         builder_(std::move(builder)),
         endpoint_(endpoint),
         metrics_(metrics) {
-    metrics_->streams.Get().Add(1);
+    metrics_->streams.Get().Increment();
   }
-  ~SseStream() override { metrics_->streams.Get().Add(-1); }
+  ~SseStream() override { metrics_->streams.Get().Decrement(); }
 
   bool Next(std::string* chunk, bool* aborted) override {
     if (done_) return false;

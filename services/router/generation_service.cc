@@ -126,7 +126,7 @@ grpc::Status RouterService::ServeGenerate(grpc::ServerContext* context,
           absl::StrCat("request_id: '", request_id, "' is in flight")));
     }
   }
-  m.running.Get().Add(1);
+  m.running.Get().Increment();
   struct Unregister {
     Router* router;
     InFlight* flight;
@@ -137,7 +137,7 @@ grpc::Status RouterService::ServeGenerate(grpc::ServerContext* context,
         std::lock_guard<std::mutex> lock(flight->mu);
         flight->server_context = nullptr;
       }
-      router->metrics_->running.Get().Add(-1);
+      router->metrics_->running.Get().Decrement();
       std::lock_guard<std::mutex> lock(router->mu_);
       router->in_flight_.erase(id);
     }

@@ -81,7 +81,8 @@ class RouterMetrics {
         kvstore_watch_errors(r->AddCounter(
             "kvstrata_router_kvstore_watch_errors_total",
             "kvstore WatchEvents streams that ended with an error (then reopened).")) {
-    // Series that exist from the start read as 0 rather than as missing.
+    // Labelled series that exist from the start read as 0 rather than as missing (a family
+    // without labels has its one series from the start).
     for (grpc::StatusCode code :
          {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::RESOURCE_EXHAUSTED,
           grpc::StatusCode::INTERNAL, grpc::StatusCode::UNKNOWN, grpc::StatusCode::ABORTED,
@@ -92,12 +93,6 @@ class RouterMetrics {
     for (const char* direction : {"over", "under"}) mispredictions.With({direction});
     for (const char* reason : {"silent", "draining", "identity"}) dropped.With({reason});
     for (const char* event : {"stored", "removed"}) kvstore_events.With({event});
-    running.Get();
-    workers.Get();
-    index_keys.Get();
-    predicted_cached_tokens.Get();
-    generated_tokens.Get();
-    kvstore_watch_errors.Get();
   }
 
   Family<Counter>& requests;
