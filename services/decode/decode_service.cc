@@ -85,9 +85,19 @@ class DecodeMetrics {
             "kvstrata_decode_kvstore_fetch_seconds",
             "Time to look up and fetch a request's cached prefix from the kvstore (hits, misses "
             "and failures).",
-            LatencyBucketsSeconds())),
+            RpcLatencyBucketsSeconds())),
         kvstore_fetched_bytes(r->AddCounter("kvstrata_decode_kvstore_fetched_bytes_total",
                                             "Page bytes fetched from the kvstore.")),
+        kvstore_fetch_bytes(r->AddHistogram(
+            "kvstrata_decode_kvstore_fetch_bytes",
+            "Page bytes of one request's cached prefix fetched from the kvstore (fetches that "
+            "returned pages).",
+            TransferBucketsBytes())),
+        queue_time(r->AddHistogram(
+            "kvstrata_decode_queue_time_seconds",
+            "RPC accepted until handed to the engine, less the kvstore fetch (the timings' "
+            "queue_us): waits for the service queue and for another request's prefill.",
+            LatencyBucketsSeconds())),
         kvstore_ejections(r->AddCounter(
             "kvstrata_decode_kvstore_ejections_total",
             "Times a kvstore node was taken out of this worker's ring after failing calls in a "
@@ -96,14 +106,10 @@ class DecodeMetrics {
             "kvstrata_decode_prefix_waits_total",
             "Requests that waited for another request on this worker to finish computing "
             "their prompt's pages, instead of computing them too.")) {
-    // Series that exist from the start read as 0 rather than as missing.
+    // Labelled series that exist from the start read as 0 rather than as missing (a family
+    // without labels has its one series from the start).
     for (const char* op : {"lookup", "fetch", "put", "import"}) kvstore_errors.With({op});
     for (const char* tier : {"local", "kvstore", "none"}) prompt_tokens.With({tier});
-    local_cache_evictions.Get();
-    generated_tokens.Get();
-    kvstore_fetched_bytes.Get();
-    prefix_waits.Get();
-    kvstore_ejections.Get();
   }
 
   Family<Counter>& requests;
@@ -126,6 +132,8 @@ class DecodeMetrics {
   Family<Gauge>& kv_cache_pages;
   Family<Histogram>& kvstore_fetch_seconds;
   Family<Counter>& kvstore_fetched_bytes;
+  Family<Histogram>& kvstore_fetch_bytes;
+  Family<Histogram>& queue_time;
   Family<Counter>& kvstore_ejections;
   Family<Counter>& prefix_waits;
 };
@@ -588,6 +596,7 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
     pages.push_back(std::move(p.bytes));
   }
   metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
+  if (!pages.empty()) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
   return pages;
 }
 
@@ -910,6 +919,8 @@ absl::Status DecodeService::SubmitAndWait(Call& call) {
   if (!call.channel->submit_status.ok()) return call.channel->submit_status;
   call.submitted = absl::Now();
   call.sequence_id = call.channel->sequence_id;
+  metrics_->queue_time.Get().Observe(
+      absl::ToDoubleSeconds(call.submitted - call.start - call.fetch_time));
   return absl::OkStatus();
 }
 
