@@ -27,6 +27,7 @@
 #include "services/kvstore/kvstore_service.h"
 #include "services/kvstore/page_store.h"
 #include "tests/services/decode_fake_registry.h"
+#include "tests/testing/metrics_check.h"
 #include "tests/testing/raw_call.h"
 
 namespace kvstrata::decode {
@@ -345,14 +346,16 @@ TEST(DecodeServiceTest, BadRequestsAreInvalidArgumentNamingTheField) {
 }
 
 // The parts of the Generation contract a worker keeps on its own (issue: the router relied on
-// them): gauges before the first request, limits in ServerInfo, matched_stop, a deadline during
-// decoding, requests that do not parse, and a malformed routing hint.
+// them): gauges before the first request (and every declared metric on /metrics and in
+// docs/decode.md), limits in ServerInfo, matched_stop, a deadline during decoding, requests that
+// do not parse, and a malformed routing hint.
 TEST(DecodeServiceTest, WorkerKeepsTheGenerationContract) {
   std::unique_ptr<DecodeInstance> d = StartDecode({}, "w6");
   REQUIRE_INSTANCE(d);
   const std::string before = d->registry.Render();
   EXPECT_NE(before.find("\nkvstrata_decode_running_sequences 0\n"), std::string::npos) << before;
   EXPECT_NE(before.find("\nkvstrata_decode_waiting_requests 0\n"), std::string::npos) << before;
+  test_util::ExpectDeclaredMetricsServedAndDocumented(d->registry, "docs/decode.md");
 
   grpc::ClientContext info_context;
   v1::ServerInfo info;

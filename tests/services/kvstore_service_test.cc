@@ -14,6 +14,7 @@
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "rpc/server.h"
 #include "tests/services/test_pages.h"
+#include "tests/testing/metrics_check.h"
 #include "tests/testing/raw_call.h"
 
 namespace kvstrata::kvstore {
@@ -146,6 +147,12 @@ TEST_F(KvStoreServiceTest, PutLookupFetchRoundTrip) {
 
 // A stream message that does not parse fails the Put; gRPC's own reader would have ended the
 // stream there and committed it as if complete.
+TEST_F(KvStoreServiceTest, EveryDeclaredMetricIsServedAndDocumented) {
+  v1::PutResponse put;
+  ASSERT_TRUE(Put(MakeChain({1}), &put).ok());
+  test_util::ExpectDeclaredMetricsServedAndDocumented(registry_, "docs/kvstore.md");
+}
+
 TEST_F(KvStoreServiceTest, AnUnparseableMessageFailsThePutAndItsPageIsNotStored) {
   std::vector<TestPage> chain = MakeChain({1, 2});
   auto header_of = [](const TestPage& page) {

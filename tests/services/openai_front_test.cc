@@ -20,6 +20,7 @@
 #include "kvstrata/v1/generate.grpc.pb.h"
 #include "rpc/server.h"
 #include "tests/testing/loopback.h"
+#include "tests/testing/metrics_check.h"
 #include "tests/tokenizer/test_vocab.h"
 #include "tokenizer/tokenizer.h"
 
@@ -214,6 +215,12 @@ TEST_F(OpenAiFrontTest, ModelsHealthAndUnknownPaths) {
   front_->SetServing(false);
   EXPECT_EQ(Call(port_, "GET", "/health").status, 503);
   EXPECT_EQ(Call(port_, "POST", "/v1/chat/completions", Chat("hi")).status, 503);
+}
+
+TEST_F(OpenAiFrontTest, EveryDeclaredMetricIsServedAndDocumented) {
+  ASSERT_EQ(Call(port_, "GET", "/v1/models").status, 200);
+  test_util::ExpectDeclaredMetricsServedAndDocumented(registry_, "docs/routing.md",
+                                                      "kvstrata_router_");
 }
 
 TEST_F(OpenAiFrontTest, WholeAndStreamedChat) {

@@ -9,6 +9,7 @@
 
 #include "services/router/router_service.h"
 #include "tests/services/router_test_util.h"
+#include "tests/testing/metrics_check.h"
 #include "tests/testing/raw_call.h"
 
 namespace kvstrata::router {
@@ -225,6 +226,12 @@ TEST_F(RouterContractTest, GaugesReadZeroBeforeTheFirstRequest) {
   EXPECT_NE(text.find("\nkvstrata_router_running_requests 0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("\nkvstrata_router_workers 0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("\nkvstrata_router_prefix_index_keys 0\n"), std::string::npos) << text;
+}
+
+TEST_F(RouterContractTest, EveryDeclaredMetricIsServedAndDocumented) {
+  Start({});
+  test_util::ExpectDeclaredMetricsServedAndDocumented(registry_, "docs/routing.md",
+                                                      "kvstrata_router_");
 }
 
 // Bytes that are not a GenerateRequest get INVALID_ARGUMENT saying what is wrong, not an empty
