@@ -46,54 +46,79 @@ ToolRun LoadTest(const std::vector<std::string>& args) {
   return r;
 }
 
+// One cluster for every test of the suite: starting three processes on the model is most of
+// the time, and under the sanitizers far more.
 class LoadTestCluster : public ::testing::Test {
  protected:
-  void SetUp() override {
+  static void SetUpTestSuite() {
     const char* model = std::getenv("KVSTRATA_MODEL");
-    if (model == nullptr || !std::ifstream(model)) GTEST_SKIP() << "no default model";
-    target_ = absl::StrCat("127.0.0.1:", test_util::FreePort());
-    children_.push_back(std::make_unique<Child>(
+    if (model == nullptr || !std::ifstream(model)) return;  // each test skips
+    target_ = new std::string(absl::StrCat("127.0.0.1:", test_util::FreePort()));
+    children_ = new std::vector<std::unique_ptr<Child>>;
+    children_->push_back(std::make_unique<Child>(
         "router", KVSTRATA_ROUTER_BINARY,
-        std::vector<std::string>{absl::StrCat("--listen=", target_),
+        std::vector<std::string>{absl::StrCat("--listen=", *target_),
                                  absl::StrCat("--metrics_listen=127.0.0.1:", test_util::FreePort()),
                                  absl::StrCat("--model=", model), "--heartbeat_interval_ms=200",
                                  "--shutdown_grace_ms=500"}));
     for (int i = 0; i < 2; ++i) {
       const std::string address = absl::StrCat("127.0.0.1:", test_util::FreePort());
-      children_.push_back(std::make_unique<Child>(
+      children_->push_back(std::make_unique<Child>(
           absl::StrCat("decode-", i), KVSTRATA_DECODE_BINARY,
           std::vector<std::string>{
               absl::StrCat("--listen=", address),
               absl::StrCat("--metrics_listen=127.0.0.1:", test_util::FreePort()),
               absl::StrCat("--model=", model), absl::StrCat("--worker_id=decode-", i),
-              absl::StrCat("--router=", target_), "--kv_cache_mb=192", "--local_cache_mb=128",
+              absl::StrCat("--router=", *target_), "--kv_cache_mb=192", "--local_cache_mb=128",
               "--shutdown_grace_ms=500"}));
-      ASSERT_TRUE(test_util::WaitServing(address, "kvstrata.v1.Generation", *children_.back(),
-                                         absl::Seconds(120)));
+      if (!test_util::WaitServing(address, "kvstrata.v1.Generation", *children_->back(),
+                                  absl::Seconds(300))) {
+        error_ = new std::string(absl::StrCat("decode-", i, " did not start"));
+        return;
+      }
     }
-    auto stub = v1::Generation::NewStub(test_util::Channel(target_));
-    for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
+    auto stub = v1::Generation::NewStub(test_util::Channel(*target_));
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(60); absl::Now() < give_up;) {
       grpc::ClientContext context;
       v1::ServerInfo info;
       if (stub->GetServerInfo(&context, {}, &info).ok() && info.available_workers() == 2) return;
       absl::SleepFor(absl::Milliseconds(100));
     }
-    FAIL() << "the workers did not register";
+    error_ = new std::string("the workers did not register");
   }
 
-  void TearDown() override {
-    for (auto it = children_.rbegin(); it != children_.rend(); ++it) (*it)->Stop(SIGTERM);
-    if (HasFailure()) {
-      for (const auto& c : children_) fprintf(stderr, "---- %s ----\n%s\n", c->name().c_str(), c->LogTail().c_str());
+  static void TearDownTestSuite() {
+    if (children_ == nullptr) return;
+    for (auto it = children_->rbegin(); it != children_->rend(); ++it) (*it)->Stop(SIGTERM);
+    if (failed_ || error_) {
+      for (const auto& c : *children_) {
+        fprintf(stderr, "---- %s ----\n%s\n", c->name().c_str(), c->LogTail().c_str());
+      }
     }
+    delete children_;
+    children_ = nullptr;
   }
 
-  std::string target_;
-  std::vector<std::unique_ptr<Child>> children_;
+  void SetUp() override {
+    if (children_ == nullptr) GTEST_SKIP() << "no default model";
+    ASSERT_EQ(error_, nullptr) << *error_;
+    target_copy_ = *target_;
+  }
+  void TearDown() override { failed_ = failed_ || HasFailure(); }
+
+  static std::string* target_;
+  static std::vector<std::unique_ptr<Child>>* children_;
+  static std::string* error_;
+  static bool failed_;
+  std::string target_copy_;
 };
+std::string* LoadTestCluster::target_ = nullptr;
+std::vector<std::unique_ptr<Child>>* LoadTestCluster::children_ = nullptr;
+std::string* LoadTestCluster::error_ = nullptr;
+bool LoadTestCluster::failed_ = false;
 
 TEST_F(LoadTestCluster, SharedPrefixGroupsHitTheirCachedSystemPrompt) {
-  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--workload=shared-prefix",
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=shared-prefix",
                           "--groups=2", "--prompts_per_group=6", "--system_tokens=300",
                           "--question_tokens=20", "--max_tokens=6", "--arrivals=closed",
                           "--concurrency=3", "--slo_ttft_ms=60000"});
@@ -126,7 +151,7 @@ TEST_F(LoadTestCluster, SharedPrefixGroupsHitTheirCachedSystemPrompt) {
 }
 
 TEST_F(LoadTestCluster, AScaledTraceReplaysWithItsLengths) {
-  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--workload=trace",
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=trace",
                           "--trace=tests/loadtest/data/mooncake_conversation_head.jsonl",
                           "--trace_requests=8", "--trace_scale=0.03125", "--arrivals=poisson",
                           "--rate=20"});
@@ -149,7 +174,7 @@ TEST_F(LoadTestCluster, AScaledTraceReplaysWithItsLengths) {
 }
 
 TEST_F(LoadTestCluster, SessionTurnsCarryTheConversationAndReuseItsPages) {
-  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--workload=sessions",
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=sessions",
                               "--sessions=2", "--turns=3", "--concurrency=2", "--max_tokens=8",
                               "--system_tokens=200", "--question_tokens=20"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -171,16 +196,16 @@ TEST_F(LoadTestCluster, SessionTurnsCarryTheConversationAndReuseItsPages) {
           << cur.dump();
     }
   }
-  EXPECT_FALSE(LoadTest({absl::StrCat("--target=", target_), "--workload=sessions",
+  EXPECT_FALSE(LoadTest({absl::StrCat("--target=", target_copy_), "--workload=sessions",
                          "--arrivals=poisson"})
                    .exit_code == 0);
 }
 
 TEST_F(LoadTestCluster, BadFlagsAreNamed) {
-  const ToolRun r = LoadTest({absl::StrCat("--target=", target_), "--arrivals=sometimes"});
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--arrivals=sometimes"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("--arrivals=sometimes"), std::string::npos) << r.output;
-  const ToolRun t = LoadTest({absl::StrCat("--target=", target_), "--workload=trace"});
+  const ToolRun t = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=trace"});
   EXPECT_EQ(t.exit_code, 2);
   EXPECT_NE(t.output.find("--trace"), std::string::npos) << t.output;
 }
