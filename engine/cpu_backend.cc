@@ -15,8 +15,19 @@ namespace kvstrata::engine {
 
 namespace {
 
-using model::LayerWeights;
 using model::ModelConfig;
+using model::WeightMatrix;
+
+// The layer's matrices dequantised to fp32 (this backend computes in fp32 through OpenBLAS).
+struct Fp32Layer {
+  const float* wq;
+  const float* wk;
+  const float* wv;
+  const float* wo;
+  const float* w_gate;
+  const float* w_up;
+  const float* w_down;
+};
 
 // y [rows][out] = x [rows][in] · Wᵀ, W [out][in]; with bias [out] when given.
 void Linear(const float* x, int rows, int in, const float* w, int out, const float* bias,
@@ -45,6 +56,28 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(const model::LoadedModel& model, const RotationSet& rotations, KvCache* cache)
       : model_(model), cfg_(model.config), rot_(rotations), cache_(cache) {
+    const model::ModelWeights& w = model.weights;
+    int64_t total = w.token_embedding.rows * w.token_embedding.cols;
+    if (w.lm_head.data != w.token_embedding.data) total += w.lm_head.rows * w.lm_head.cols;
+    for (const model::LayerWeights& l : w.layers) {
+      for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        total += m->rows * m->cols;
+      }
+    }
+    fp32_.resize(static_cast<size_t>(total));
+    float* next = fp32_.data();
+    const auto take = [&](const WeightMatrix& m) {
+      float* p = next;
+      m.DequantizeRows(0, m.rows, p);
+      next += m.rows * m.cols;
+      return p;
+    };
+    token_embedding_ = take(w.token_embedding);
+    lm_head_ = w.lm_head.data == w.token_embedding.data ? token_embedding_ : take(w.lm_head);
+    for (const model::LayerWeights& l : w.layers) {
+      layers_.push_back(Fp32Layer{take(l.wq), take(l.wk), take(l.wv), take(l.wo), take(l.w_gate),
+                                  take(l.w_up), take(l.w_down)});
+    }
     const int d = cfg_.head_dim;
     inv_freq_.resize(d / 2);
     for (int i = 0; i < d / 2; ++i) {
@@ -72,6 +105,10 @@ class CpuBackend final : public Backend {
   const RotationSet& rot_;
   KvCache* cache_;
   std::vector<float> inv_freq_;
+  std::vector<float> fp32_;  // every matrix dequantised
+  const float* token_embedding_ = nullptr;
+  const float* lm_head_ = nullptr;
+  std::vector<Fp32Layer> layers_;
 };
 
 void CpuBackend::Rope(float* x, int heads, const float* cos, const float* sin) const {
@@ -135,7 +172,7 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
     const ForwardItem& it = batch[i];
     for (int t = 0; t < it.n; ++t) {
       const int32_t token = it.seq->tokens[it.pos0 + t];
-      std::copy_n(model_.weights.token_embedding + static_cast<int64_t>(token) * H, H,
+      std::copy_n(token_embedding_ + static_cast<int64_t>(token) * H, H,
                   x.data() + static_cast<int64_t>(offset[i] + t) * H);
       const double pos = static_cast<double>(it.pos0 + t);
       for (int f = 0; f < d / 2; ++f) {
@@ -150,14 +187,15 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
 
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
-    const LayerWeights& w = model_.weights.layers[layer];
-    RmsNorm(x.data(), T, H, w.attn_norm, cfg_.rms_norm_eps, hn.data());
-    Linear(hn.data(), T, H, w.wq, qdim, w.bq, q.data());
-    Linear(hn.data(), T, H, w.wk, kvdim, w.bk, k.data());
-    Linear(hn.data(), T, H, w.wv, kvdim, w.bv, v.data());
+    const model::LayerWeights& lw = model_.weights.layers[layer];
+    const Fp32Layer& w = layers_[layer];
+    RmsNorm(x.data(), T, H, lw.attn_norm, cfg_.rms_norm_eps, hn.data());
+    Linear(hn.data(), T, H, w.wq, qdim, lw.bq, q.data());
+    Linear(hn.data(), T, H, w.wk, kvdim, lw.bk, k.data());
+    Linear(hn.data(), T, H, w.wv, kvdim, lw.bv, v.data());
     if (cfg_.qk_norm) {
-      RmsNorm(q.data(), T * nh, d, w.q_norm, cfg_.rms_norm_eps, q.data());
-      RmsNorm(k.data(), T * nkv, d, w.k_norm, cfg_.rms_norm_eps, k.data());
+      RmsNorm(q.data(), T * nh, d, lw.q_norm, cfg_.rms_norm_eps, q.data());
+      RmsNorm(k.data(), T * nkv, d, lw.k_norm, cfg_.rms_norm_eps, k.data());
     }
     for (int t = 0; t < T; ++t) {
       const float* c = cos.data() + static_cast<int64_t>(t) * (d / 2);
@@ -240,7 +278,7 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
     // x += o·Woᵀ
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, H, qdim, 1.0f, o.data(), qdim, w.wo,
                 qdim, 1.0f, x.data(), H);
-    RmsNorm(x.data(), T, H, w.ffn_norm, cfg_.rms_norm_eps, hn.data());
+    RmsNorm(x.data(), T, H, lw.ffn_norm, cfg_.rms_norm_eps, hn.data());
     Linear(hn.data(), T, H, w.w_gate, inter, nullptr, gate.data());
     Linear(hn.data(), T, H, w.w_up, inter, nullptr, up.data());
     for (size_t j = 0; j < gate.size(); ++j) {
@@ -266,8 +304,8 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
             cfg_.rms_norm_eps, final_rows.data() + r * H);
   }
   logits->resize(out_rows.size() * static_cast<size_t>(cfg_.vocab_size));
-  Linear(final_rows.data(), static_cast<int>(out_rows.size()), H, model_.weights.lm_head,
-         cfg_.vocab_size, nullptr, logits->data());
+  Linear(final_rows.data(), static_cast<int>(out_rows.size()), H, lm_head_, cfg_.vocab_size,
+         nullptr, logits->data());
   for (const ForwardItem& it : batch) {
     KV_RETURN_IF_ERROR(cache_->EndAppend(*it.seq, it.pos0 + it.n));
   }

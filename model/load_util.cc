@@ -59,8 +59,7 @@ absl::StatusOr<std::unique_ptr<ByteSource>> ByteSource::MapFile(const std::strin
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map '", path, "' (", size, " bytes): ", std::strerror(errno)));
   }
-  // Loaders read each file front to back once; a hint only, so its failure is harmless.
-  ::madvise(map, size, MADV_SEQUENTIAL);
+  // No access hint: weight matrices are read through the mapping for the model's whole life.
   source->map_ = map;
   source->map_size_ = size;
   source->bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(map), size);
@@ -102,21 +101,28 @@ std::vector<int32_t> EndOfGenerationIds(const tokenizer::TokenizerSpec& spec) {
   return ids;
 }
 
-void ArenaPlan::Add(const float** slot, size_t num_elements, Decoder decode) {
-  entries_.push_back(Entry{slot, num_elements, std::move(decode)});
+void ArenaPlan::Add(const WeightSlot& slot, Decoder decode) {
+  const int64_t rows = slot.is_matrix() ? slot.shape[0] : 1;
+  const int64_t cols = slot.shape.back();
+  entries_.push_back(Entry{slot.vector, slot.matrix, rows, cols, std::move(decode)});
 }
 
 absl::Status ArenaPlan::Fill(ModelWeights& weights) {
   size_t total = 0;
-  for (const Entry& entry : entries_) total += entry.num_elements;
+  for (const Entry& entry : entries_) total += static_cast<size_t>(entry.rows * entry.cols);
   weights.arena.clear();
   weights.arena.resize(total);
   size_t offset = 0;
   for (const Entry& entry : entries_) {
-    std::span<float> out(weights.arena.data() + offset, entry.num_elements);
-    *entry.slot = out.data();
+    const size_t n = static_cast<size_t>(entry.rows * entry.cols);
+    std::span<float> out(weights.arena.data() + offset, n);
+    if (entry.matrix != nullptr) {
+      *entry.matrix = WeightMatrix::F32(out.data(), entry.rows, entry.cols);
+    } else {
+      *entry.vector = out.data();
+    }
     if (absl::Status status = entry.decode(out); !status.ok()) return status;
-    offset += entry.num_elements;
+    offset += n;
   }
   return absl::OkStatus();
 }
@@ -129,13 +135,17 @@ std::vector<WeightSlot> PlanWeights(const ModelConfig& c, ModelWeights& weights)
   const int64_t vocab = c.vocab_size;
   weights.layers.assign(static_cast<size_t>(c.num_layers), LayerWeights{});
   std::vector<WeightSlot> slots;
-  slots.push_back({WeightRole::kTokenEmbedding, -1, {vocab, hidden}, &weights.token_embedding});
+  slots.push_back({WeightRole::kTokenEmbedding,
+                   -1,
+                   {vocab, hidden},
+                   /*vector=*/nullptr,
+                   &weights.token_embedding});
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = weights.layers[static_cast<size_t>(l)];
     slots.push_back({WeightRole::kAttnNorm, l, {hidden}, &w.attn_norm});
-    slots.push_back({WeightRole::kWq, l, {q_dim, hidden}, &w.wq});
-    slots.push_back({WeightRole::kWk, l, {kv_dim, hidden}, &w.wk});
-    slots.push_back({WeightRole::kWv, l, {kv_dim, hidden}, &w.wv});
+    slots.push_back({WeightRole::kWq, l, {q_dim, hidden}, /*vector=*/nullptr, &w.wq});
+    slots.push_back({WeightRole::kWk, l, {kv_dim, hidden}, /*vector=*/nullptr, &w.wk});
+    slots.push_back({WeightRole::kWv, l, {kv_dim, hidden}, /*vector=*/nullptr, &w.wv});
     if (c.qkv_bias) {
       slots.push_back({WeightRole::kBq, l, {q_dim}, &w.bq});
       slots.push_back({WeightRole::kBk, l, {kv_dim}, &w.bk});
@@ -145,15 +155,16 @@ std::vector<WeightSlot> PlanWeights(const ModelConfig& c, ModelWeights& weights)
       slots.push_back({WeightRole::kQNorm, l, {c.head_dim}, &w.q_norm});
       slots.push_back({WeightRole::kKNorm, l, {c.head_dim}, &w.k_norm});
     }
-    slots.push_back({WeightRole::kWo, l, {hidden, q_dim}, &w.wo});
+    slots.push_back({WeightRole::kWo, l, {hidden, q_dim}, /*vector=*/nullptr, &w.wo});
     slots.push_back({WeightRole::kFfnNorm, l, {hidden}, &w.ffn_norm});
-    slots.push_back({WeightRole::kWGate, l, {inter, hidden}, &w.w_gate});
-    slots.push_back({WeightRole::kWUp, l, {inter, hidden}, &w.w_up});
-    slots.push_back({WeightRole::kWDown, l, {hidden, inter}, &w.w_down});
+    slots.push_back({WeightRole::kWGate, l, {inter, hidden}, /*vector=*/nullptr, &w.w_gate});
+    slots.push_back({WeightRole::kWUp, l, {inter, hidden}, /*vector=*/nullptr, &w.w_up});
+    slots.push_back({WeightRole::kWDown, l, {hidden, inter}, /*vector=*/nullptr, &w.w_down});
   }
   slots.push_back({WeightRole::kOutputNorm, -1, {hidden}, &weights.output_norm});
   if (!c.tied_embeddings) {
-    slots.push_back({WeightRole::kLmHead, -1, {vocab, hidden}, &weights.lm_head});
+    slots.push_back(
+        {WeightRole::kLmHead, -1, {vocab, hidden}, /*vector=*/nullptr, &weights.lm_head});
   }
   return slots;
 }
@@ -250,19 +261,19 @@ const float* WeightOf(const ModelWeights& w, const WeightSlot& slot) {
                                   : nullptr;
   switch (slot.role) {
     case WeightRole::kTokenEmbedding:
-      return w.token_embedding;
+      return w.token_embedding.f32();
     case WeightRole::kOutputNorm:
       return w.output_norm;
     case WeightRole::kLmHead:
-      return w.lm_head;
+      return w.lm_head.f32();
     case WeightRole::kAttnNorm:
       return layer ? layer->attn_norm : nullptr;
     case WeightRole::kWq:
-      return layer ? layer->wq : nullptr;
+      return layer ? layer->wq.f32() : nullptr;
     case WeightRole::kWk:
-      return layer ? layer->wk : nullptr;
+      return layer ? layer->wk.f32() : nullptr;
     case WeightRole::kWv:
-      return layer ? layer->wv : nullptr;
+      return layer ? layer->wv.f32() : nullptr;
     case WeightRole::kBq:
       return layer ? layer->bq : nullptr;
     case WeightRole::kBk:
@@ -274,17 +285,62 @@ const float* WeightOf(const ModelWeights& w, const WeightSlot& slot) {
     case WeightRole::kKNorm:
       return layer ? layer->k_norm : nullptr;
     case WeightRole::kWo:
-      return layer ? layer->wo : nullptr;
+      return layer ? layer->wo.f32() : nullptr;
     case WeightRole::kFfnNorm:
       return layer ? layer->ffn_norm : nullptr;
     case WeightRole::kWGate:
-      return layer ? layer->w_gate : nullptr;
+      return layer ? layer->w_gate.f32() : nullptr;
     case WeightRole::kWUp:
-      return layer ? layer->w_up : nullptr;
+      return layer ? layer->w_up.f32() : nullptr;
     case WeightRole::kWDown:
-      return layer ? layer->w_down : nullptr;
+      return layer ? layer->w_down.f32() : nullptr;
   }
   return nullptr;
+}
+
+std::vector<float> ValuesOf(const ModelWeights& w, const WeightSlot& slot) {
+  if (!slot.is_matrix()) {
+    const float* v = WeightOf(w, slot);
+    return v == nullptr ? std::vector<float>() : std::vector<float>(v, v + slot.shape[0]);
+  }
+  const LayerWeights* layer = slot.layer >= 0 && static_cast<size_t>(slot.layer) < w.layers.size()
+                                  ? &w.layers[slot.layer]
+                                  : nullptr;
+  const WeightMatrix* m = nullptr;
+  switch (slot.role) {
+    case WeightRole::kTokenEmbedding:
+      m = &w.token_embedding;
+      break;
+    case WeightRole::kLmHead:
+      m = &w.lm_head;
+      break;
+    case WeightRole::kWq:
+    case WeightRole::kWk:
+    case WeightRole::kWv:
+    case WeightRole::kWo:
+    case WeightRole::kWGate:
+    case WeightRole::kWUp:
+    case WeightRole::kWDown:
+      if (layer == nullptr) break;
+      m = slot.role == WeightRole::kWq      ? &layer->wq
+          : slot.role == WeightRole::kWk    ? &layer->wk
+          : slot.role == WeightRole::kWv    ? &layer->wv
+          : slot.role == WeightRole::kWo    ? &layer->wo
+          : slot.role == WeightRole::kWGate ? &layer->w_gate
+          : slot.role == WeightRole::kWUp   ? &layer->w_up
+                                            : &layer->w_down;
+      break;
+    case WeightRole::kOutputNorm:
+    case WeightRole::kAttnNorm:
+    case WeightRole::kBq:
+    case WeightRole::kBk:
+    case WeightRole::kBv:
+    case WeightRole::kQNorm:
+    case WeightRole::kKNorm:
+    case WeightRole::kFfnNorm:
+      break;  // vectors
+  }
+  return m == nullptr || !m->present() ? std::vector<float>() : m->Dequantized();
 }
 
 absl::Status ValidateConfig(const ModelConfig& c, std::string_view source) {

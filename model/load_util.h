@@ -57,15 +57,18 @@ std::string FormatShape(std::span<const int64_t> shape);
 // chat format: <|im_end|>, <|eot_id|>, <|end_of_text|>, <|endoftext|>, <|end|>, <end_of_turn>.
 std::vector<int32_t> EndOfGenerationIds(const tokenizer::TokenizerSpec& spec);
 
-// Carves every weight of a model out of one arena: tensors are registered first (with their
-// shapes already checked), then Fill sizes the arena once, points each slot into it and runs
-// each tensor's decoder on its own span.
+struct WeightSlot;
+
+// Carves the fp32 tensors of a model out of one arena: tensors are registered first (with their
+// shapes already checked), then Fill sizes the arena once, points each slot into it (a vector's
+// pointer, or an F32 WeightMatrix over its span) and runs each tensor's decoder on its own span.
+// Matrices a loader keeps in their file's form never pass through here.
 class ArenaPlan {
  public:
   using Decoder = std::function<absl::Status(std::span<float>)>;
 
-  // `slot` receives the tensor's address in the arena; it must outlive Fill.
-  void Add(const float** slot, size_t num_elements, Decoder decode);
+  // The slot (a vector or a matrix) must outlive Fill.
+  void Add(const WeightSlot& slot, Decoder decode);
 
   // Resizes `weights.arena` to the total, then fills it. Pointers into the arena stay valid as
   // long as the arena is not resized again (moving ModelWeights keeps them).
@@ -73,8 +76,10 @@ class ArenaPlan {
 
  private:
   struct Entry {
-    const float** slot;
-    size_t num_elements;
+    const float** vector;
+    WeightMatrix* matrix;
+    int64_t rows;
+    int64_t cols;
     Decoder decode;
   };
   std::vector<Entry> entries_;
@@ -105,7 +110,11 @@ struct WeightSlot {
   WeightRole role;
   int layer;                   // -1 for tensors outside the layers
   std::vector<int64_t> shape;  // row-major: {out, in} for a matrix, {n} for a vector
-  const float** slot;          // where the tensor's arena address goes
+  // Where the tensor goes: exactly one is set, `matrix` when shape has two dimensions.
+  const float** vector = nullptr;
+  WeightMatrix* matrix = nullptr;
+
+  bool is_matrix() const { return matrix != nullptr; }
 };
 
 // Every tensor `config` needs, in load order, with the shape it implies; lm_head only when the
@@ -118,9 +127,12 @@ std::vector<WeightSlot> PlanWeights(const ModelConfig& config, ModelWeights& wei
 std::string GgufTensorName(const WeightSlot& slot);
 std::string HfTensorName(const WeightSlot& slot);
 
-// The address `weights` holds for the slot's tensor (nullptr when unset), e.g. to write a
-// model's weights back out using the slots of PlanWeights on a scratch ModelWeights.
+// The fp32 values `weights` holds for the slot's tensor (nullptr when unset, or for a matrix
+// that is not F32), e.g. to write a model built in memory back out using the slots of
+// PlanWeights on a scratch ModelWeights.
 const float* WeightOf(const ModelWeights& weights, const WeightSlot& slot);
+// The slot's tensor as fp32 values (a matrix dequantised), whatever its type; empty when unset.
+std::vector<float> ValuesOf(const ModelWeights& weights, const WeightSlot& slot);
 
 // Checks a model config's internal consistency (positive sizes, GQA divisibility) before any
 // allocation depends on it. `source` names the file in errors.

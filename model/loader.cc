@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <climits>
 #include <filesystem>
-#include <system_error>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -213,7 +213,9 @@ absl::StatusOr<tokenizer::TokenizerSpec> ReadTokenizer(const GgufFile& file) {
   return spec;
 }
 
-// Finds the slot's tensor, checks its shape and type, and queues its dequantisation.
+// Finds the slot's tensor and checks its shape and type. A matrix keeps the file's bytes (the
+// mapping outlives the model: ModelWeights::storage); a vector is queued for dequantisation
+// into the arena.
 absl::Status PlanTensor(const GgufFile& file, const WeightSlot& slot, ArenaPlan& plan) {
   const std::string name = GgufTensorName(slot);
   // GGUF lists dims innermost first: row-major [out][in] is {in, out}.
@@ -235,15 +237,23 @@ absl::Status PlanTensor(const GgufFile& file, const WeightSlot& slot, ArenaPlan&
         AsAbsl(GetGgmlTypeInfo(tensor->type).name),
         ", which this loader cannot dequantise (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1)"));
   }
-  plan.Add(slot.slot, static_cast<size_t>(tensor->num_elements),
-           [tensor](std::span<float> out) { return DequantizeTensor(*tensor, out); });
+  if (slot.is_matrix()) {
+    // The reader checked that the tensor's bytes are exactly its type's size for its dims, and
+    // a block type's rows are whole blocks (ne0 is a multiple of the block).
+    *slot.matrix = WeightMatrix{tensor->type, slot.shape[0], slot.shape[1], tensor->data.data()};
+    return absl::OkStatus();
+  }
+  plan.Add(slot, [tensor](std::span<float> out) { return DequantizeTensor(*tensor, out); });
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path) {
-  KV_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(path));
+  KV_ASSIGN_OR_RETURN(GgufFile opened, GgufFile::Open(path));
+  // The matrices point into the mapping, which moves with the file object but stays put.
+  const auto shared = std::make_shared<const GgufFile>(std::move(opened));
+  const GgufFile& file = *shared;
   KV_ASSIGN_OR_RETURN(const std::string_view arch_name, file.GetString("general.architecture"));
   KV_ASSIGN_OR_RETURN(const Architecture arch, ArchitectureFromGguf(file, arch_name));
 
@@ -261,6 +271,7 @@ absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path) {
   }
   KV_RETURN_IF_ERROR(plan.Fill(model.weights));
   if (model.config.tied_embeddings) model.weights.lm_head = model.weights.token_embedding;
+  model.weights.storage = shared;
 
   const std::span<const uint8_t> whole_file[] = {file.bytes()};
   model.fingerprint = Sha256Hex(whole_file);

@@ -1,7 +1,8 @@
 #pragma once
 
 // Model loaders: a GGUF file, or a Hugging Face folder (see safetensors.h), into a LoadedModel
-// whose weights are fp32 in one arena.
+// whose matrices stay in the file's form (mapped, not copied) and whose vectors are fp32 in one
+// arena (model.h).
 
 #include <string>
 
@@ -17,8 +18,8 @@ namespace kvstrata::model {
 // Config from `{arch}.*` metadata; every tensor the architecture needs must be present with the
 // shape the config implies (an error names the tensor and both shapes; GGUF dims are
 // [ne0 = in, ne1 = out], i.e. row-major [out][in]); output.weight absent means tied
-// embeddings. Weights of types F32, F16, BF16, Q8_0, Q4_0 and Q4_1 are dequantised; q/k rows
-// stay as the file has them, so llama files get RopeLayout::kInterleaved and qwen files
+// embeddings. Matrices of types F32, F16, BF16, Q8_0, Q4_0 and Q4_1 are kept as the file stores
+// them (WeightMatrix), vectors of those types are dequantised; q/k rows stay as the file has them, so llama files get RopeLayout::kInterleaved and qwen files
 // kHalfSplit. The tokenizer comes from tokenizer.ggml.* and tokenizer.chat_template; the
 // fingerprint is the SHA-256 of the whole file. Prints nothing.
 absl::StatusOr<LoadedModel> LoadGgufModel(const std::string& path);

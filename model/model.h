@@ -1,14 +1,21 @@
 #pragma once
 
-// A loaded model: its configuration, fp32 weights carved from one arena, and the tokenizer
-// description found beside them. Loaders (GGUF, Hugging Face safetensors) fill it; the
-// engine only reads it. Weight matrices are row-major [out][in], so y = x·Wᵀ.
+// A loaded model: its configuration, its weights and the tokenizer description found beside
+// them. Loaders (GGUF, Hugging Face safetensors) fill it; the engine only reads it.
+//
+// Weight matrices are row-major [out][in], so y = x·Wᵀ, and stay in the form their file stores
+// them (WeightMatrix: a GGUF block format such as Q4_1, or F32/F16/BF16), pointing into the
+// mapped file that ModelWeights keeps alive. A backend reads that form directly (the CPU
+// backend's kernels) or asks for a dequantised copy (WeightMatrix::DequantizeRows), which is
+// exactly what the file's format defines. Vectors (norm gains, biases) are small and are fp32
+// in one arena.
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "model/dequant.h"
 #include "tokenizer/tokenizer_spec.h"
 
 namespace kvstrata::model {
@@ -44,31 +51,58 @@ struct ModelConfig {
   bool qk_norm = false;   // Qwen3
 };
 
-// Pointers into ModelWeights::arena. Shapes in brackets; nullptr where the architecture has no
-// such tensor.
+// A weight matrix [rows][cols] in its file's form. Block formats (Q8_0, Q4_0, Q4_1: dequant.h)
+// hold a row as cols / 32 consecutive blocks; plain formats (F32, F16, BF16) as cols
+// little-endian elements. Rows follow each other with no padding. Immutable; copies share the
+// bytes, which live as long as the ModelWeights they came from.
+struct WeightMatrix {
+  GgmlType type = GgmlType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const uint8_t* data = nullptr;  // rows * row_bytes() bytes; no alignment guaranteed
+
+  // An F32 matrix over `values` [rows][cols] (not copied).
+  static WeightMatrix F32(const float* values, int64_t rows, int64_t cols);
+
+  bool present() const { return data != nullptr; }
+  int64_t row_bytes() const;
+  // The values in place for an F32 matrix; nullptr for any other type.
+  const float* f32() const;
+  // Rows [begin, end) as fp32 into out [(end - begin) * cols]: exactly Dequantize's values, the
+  // numbers every backend computes with. The type must be one Dequantize decodes (the loaders
+  // accept no other).
+  void DequantizeRows(int64_t begin, int64_t end, float* out) const;
+  std::vector<float> Dequantized() const;  // the whole matrix, [rows * cols]
+};
+
+// Shapes in brackets; nullptr (or a matrix that is not present()) where the architecture has no
+// such tensor. Vectors point into ModelWeights::arena.
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [hidden]
-  const float* wq = nullptr;         // [num_heads * head_dim][hidden]
-  const float* wk = nullptr;         // [num_kv_heads * head_dim][hidden]
-  const float* wv = nullptr;         // [num_kv_heads * head_dim][hidden]
+  WeightMatrix wq;                   // [num_heads * head_dim][hidden]
+  WeightMatrix wk;                   // [num_kv_heads * head_dim][hidden]
+  WeightMatrix wv;                   // [num_kv_heads * head_dim][hidden]
   const float* bq = nullptr;         // [num_heads * head_dim]      (Qwen2)
   const float* bk = nullptr;         // [num_kv_heads * head_dim]   (Qwen2)
   const float* bv = nullptr;         // [num_kv_heads * head_dim]   (Qwen2)
   const float* q_norm = nullptr;     // [head_dim]                  (Qwen3)
   const float* k_norm = nullptr;     // [head_dim]                  (Qwen3)
-  const float* wo = nullptr;         // [hidden][num_heads * head_dim]
+  WeightMatrix wo;                   // [hidden][num_heads * head_dim]
   const float* ffn_norm = nullptr;   // [hidden]
-  const float* w_gate = nullptr;     // [intermediate][hidden]
-  const float* w_up = nullptr;       // [intermediate][hidden]
-  const float* w_down = nullptr;     // [hidden][intermediate]
+  WeightMatrix w_gate;               // [intermediate][hidden]
+  WeightMatrix w_up;                 // [intermediate][hidden]
+  WeightMatrix w_down;               // [hidden][intermediate]
 };
 
 struct ModelWeights {
-  std::vector<float> arena;                // every tensor, dequantised to fp32
-  const float* token_embedding = nullptr;  // [vocab][hidden]
-  std::vector<LayerWeights> layers;        // [num_layers]
-  const float* output_norm = nullptr;      // [hidden]
-  const float* lm_head = nullptr;          // [vocab][hidden]; == token_embedding when tied
+  // Owns the bytes the matrices point into (the mapped model file or files); null when every
+  // matrix is F32 in the arena (models built in memory).
+  std::shared_ptr<const void> storage;
+  std::vector<float> arena;            // fp32 vectors, and fp32 matrices of models built in memory
+  WeightMatrix token_embedding;        // [vocab][hidden]
+  std::vector<LayerWeights> layers;    // [num_layers]
+  const float* output_norm = nullptr;  // [hidden]
+  WeightMatrix lm_head;  // [vocab][hidden]; the same bytes as token_embedding when tied
 };
 
 struct LoadedModel {

@@ -319,8 +319,14 @@ absl::Status PlanHfTensor(const Shards& shards, const std::string& dir, const We
                                                  "' has dtype ", tensor.dtype,
                                                  " (supported: F32, F16, BF16)"));
   }
-  plan.Add(slot.slot, static_cast<size_t>(tensor.num_elements),
-           [&tensor](std::span<float> out) { return ConvertSafetensor(tensor, out); });
+  if (slot.is_matrix()) {  // kept as stored: the shards outlive the model (weights.storage)
+    const GgmlType type = tensor.dtype == "F32"   ? GgmlType::kF32
+                          : tensor.dtype == "F16" ? GgmlType::kF16
+                                                  : GgmlType::kBF16;
+    *slot.matrix = WeightMatrix{type, slot.shape[0], slot.shape[1], tensor.data.data()};
+    return absl::OkStatus();
+  }
+  plan.Add(slot, [&tensor](std::span<float> out) { return ConvertSafetensor(tensor, out); });
   return absl::OkStatus();
 }
 
@@ -328,7 +334,10 @@ absl::StatusOr<LoadedModel> LoadHfModelOrThrow(const std::string& dir_name) {
   const std::filesystem::path dir(dir_name);
   const std::string config_path = (dir / "config.json").string();
   KV_ASSIGN_OR_RETURN(const json config_doc, ReadJsonFile(config_path));
-  KV_ASSIGN_OR_RETURN(const Shards shards, OpenShards(dir));
+  KV_ASSIGN_OR_RETURN(Shards opened, OpenShards(dir));
+  // The matrices point into the mapped files, which stay put when the shards move.
+  const auto shared = std::make_shared<const Shards>(std::move(opened));
+  const Shards& shards = *shared;
 
   LoadedModel model;
   model.source_path = dir_name;
@@ -357,6 +366,7 @@ absl::StatusOr<LoadedModel> LoadHfModelOrThrow(const std::string& dir_name) {
   }
   KV_RETURN_IF_ERROR(plan.Fill(model.weights));
   if (model.config.tied_embeddings) model.weights.lm_head = model.weights.token_embedding;
+  model.weights.storage = shared;
 
   std::vector<std::span<const uint8_t>> parts;
   for (const SafetensorsFile& file : shards.files) parts.push_back(file.bytes());

@@ -68,7 +68,8 @@ absl::Status ConvertSafetensor(const SafetensorsTensor& tensor, std::span<float>
 // Loads a folder holding config.json (architectures LlamaForCausalLM, Qwen2ForCausalLM or
 // Qwen3ForCausalLM), model.safetensors or model.safetensors.index.json with its shards, and
 // tokenizer.json (+ tokenizer_config.json). Tensors use the Hugging Face names and must have the
-// shapes the config implies (errors name the tensor and both shapes); RoPE is kHalfSplit. A
+// shapes the config implies (errors name the tensor and both shapes) and dtype F32, F16 or BF16;
+// matrices stay mapped in their dtype, vectors are converted to fp32. RoPE is kHalfSplit. A
 // field config.json lacks and has no default is an error naming the field. The fingerprint is
 // the SHA-256 over the safetensors files' bytes, files in name order.
 absl::StatusOr<LoadedModel> LoadHfModel(const std::string& dir);

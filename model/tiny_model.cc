@@ -310,13 +310,12 @@ absl::StatusOr<LoadedModel> MakeTinyModel(const TinyModelOptions& options) {
   for (size_t i = 0; i < slots.size(); ++i) {
     const WeightRole role = slots[i].role;
     const uint64_t seed = options.seed * 0x100000001b3ull + i;  // one stream per tensor
-    plan.Add(slots[i].slot, static_cast<size_t>(NumElements(slots[i].shape)),
-             [role, seed, std = options.weight_std](std::span<float> out) {
-               NormalRng rng(seed);
-               const float base = IsNormGain(role) ? 1.0f : 0.0f;
-               for (float& x : out) x = base + std * rng.Next();
-               return absl::OkStatus();
-             });
+    plan.Add(slots[i], [role, seed, std = options.weight_std](std::span<float> out) {
+      NormalRng rng(seed);
+      const float base = IsNormGain(role) ? 1.0f : 0.0f;
+      for (float& x : out) x = base + std * rng.Next();
+      return absl::OkStatus();
+    });
   }
   KV_RETURN_IF_ERROR(plan.Fill(model.weights));
   if (model.config.tied_embeddings) model.weights.lm_head = model.weights.token_embedding;

@@ -53,9 +53,9 @@ struct TinyModelOptions {
   int hf_shards = 1;
 };
 
-// The model both writers serialise: config (RopeLayout::kHalfSplit), fp32 weights in Hugging Face
-// layout before any rounding to a file type, and the tokenizer. fingerprint and source_path are
-// empty. InvalidArgument for inconsistent options.
+// The model both writers serialise: config (RopeLayout::kHalfSplit), fp32 weights (F32 matrices)
+// in Hugging Face layout before any rounding to a file type, and the tokenizer. fingerprint and
+// source_path are empty. InvalidArgument for inconsistent options.
 absl::StatusOr<LoadedModel> MakeTinyModel(const TinyModelOptions& options);
 
 // Writes a GGUF v3 file of MakeTinyModel(options). For the llama architecture the q and k rows

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/check.h"
 #include "core/status_macros.h"
 #include "engine/cuda/cublas_library.h"
 #include "engine/cuda/cuda_util.h"
@@ -270,8 +271,18 @@ absl::Status CudaBackend::UploadWeights() {
                           "cudaMalloc (weights)");
   uint8_t* mnext = matrices_.as<uint8_t>();
   float* fnext = float_weights_.as<float>();
+  std::vector<float> values;
   std::vector<uint16_t> staging;
-  auto put_matrix = [&](const float* src, int64_t n) -> absl::StatusOr<const void*> {
+  auto put_matrix = [&](const model::WeightMatrix& m, int64_t n) -> absl::StatusOr<const void*> {
+    KV_CHECK(m.rows * m.cols == n) << "a matrix of " << m.rows << "x" << m.cols << ", expected "
+                                   << n << " elements";
+    // The matrix's exact fp32 values (what the loaders once kept in memory), then as before.
+    const float* src = m.f32();
+    if (src == nullptr) {
+      values.resize(static_cast<size_t>(n));
+      m.DequantizeRows(0, m.rows, values.data());
+      src = values.data();
+    }
     const void* host = src;
     if (type_ != GemmType::kFp32) {
       staging.resize(static_cast<size_t>(n));
@@ -297,7 +308,7 @@ absl::Status CudaBackend::UploadWeights() {
   };
   const model::ModelWeights& mw = model_.weights;
   KV_ASSIGN_OR_RETURN(embedding_, put_matrix(mw.token_embedding, V * H));
-  if (cfg_.tied_embeddings || mw.lm_head == mw.token_embedding) {
+  if (cfg_.tied_embeddings || mw.lm_head.data == mw.token_embedding.data) {
     lm_head_ = embedding_;
   } else {
     KV_ASSIGN_OR_RETURN(lm_head_, put_matrix(mw.lm_head, V * H));

@@ -40,8 +40,8 @@ std::shared_ptr<const model::LoadedModel> PlantedModel() {
   EXPECT_TRUE(m.ok()) << m.status();
   float* arena = m->weights.arena.data();
   for (model::LayerWeights& lw : m->weights.layers) {
-    float* wk = arena + (lw.wk - arena);
-    float* wq = arena + (lw.wq - arena);
+    float* wk = arena + (lw.wk.f32() - arena);  // F32 matrices in the arena: ours to change
+    float* wq = arena + (lw.wq.f32() - arena);
     for (int h = 0; h < o.num_kv_heads; ++h) {
       for (int c : {31, 63}) {
         for (int i = 0; i < o.hidden_size; ++i) wk[(h * 64 + c) * o.hidden_size + i] *= 8.0f;

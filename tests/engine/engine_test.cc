@@ -269,9 +269,11 @@ TEST_F(EngineTest, ControlTokensAreNeverStreamedAsText) {
   // seeded run of 300 tokens draws several control tokens.
   absl::StatusOr<model::LoadedModel> m = model::LoadGgufModel(gguf_);
   ASSERT_TRUE(m.ok()) << m.status();
-  ASSERT_NE(m->weights.lm_head, m->weights.token_embedding);  // untied
-  float* head = m->weights.arena.data() + (m->weights.lm_head - m->weights.arena.data());
-  std::fill(head, head + int64_t{m->config.vocab_size} * m->config.hidden_size, 0.0f);
+  ASSERT_NE(m->weights.lm_head.data, m->weights.token_embedding.data);  // untied
+  // Declared before the engine, so it outlives it.
+  const std::vector<float> zeros(int64_t{m->config.vocab_size} * m->config.hidden_size, 0.0f);
+  m->weights.lm_head =
+      model::WeightMatrix::F32(zeros.data(), m->config.vocab_size, m->config.hidden_size);
   absl::StatusOr<std::unique_ptr<Engine>> e =
       Engine::Create(std::make_shared<const model::LoadedModel>(std::move(*m)), Options());
   ASSERT_TRUE(e.ok()) << e.status();

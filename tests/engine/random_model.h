@@ -53,15 +53,16 @@ inline model::LoadedModel RandomModel(const RandomModelOptions& o) {
     return p;
   };
   const float w = 1.0f / std::sqrt(static_cast<float>(o.hidden));
-  m.weights.token_embedding = take(int64_t{o.vocab} * o.hidden, 1.0f);
+  m.weights.token_embedding =
+      model::WeightMatrix::F32(take(int64_t{o.vocab} * o.hidden, 1.0f), o.vocab, o.hidden);
   m.weights.lm_head = m.weights.token_embedding;
   m.weights.output_norm = take(o.hidden, 0.05f, 1.0f);
   for (int l = 0; l < o.layers; ++l) {
     model::LayerWeights lw;
     lw.attn_norm = take(o.hidden, 0.05f, 1.0f);
-    lw.wq = take(q * o.hidden, 2.0f * w);
-    lw.wk = take(kv * o.hidden, 2.0f * w);
-    lw.wv = take(kv * o.hidden, w);
+    lw.wq = model::WeightMatrix::F32(take(q * o.hidden, 2.0f * w), q, o.hidden);
+    lw.wk = model::WeightMatrix::F32(take(kv * o.hidden, 2.0f * w), kv, o.hidden);
+    lw.wv = model::WeightMatrix::F32(take(kv * o.hidden, w), kv, o.hidden);
     if (c.qkv_bias) {
       lw.bq = take(q, 0.1f);
       lw.bk = take(kv, 0.1f);
@@ -71,12 +72,15 @@ inline model::LoadedModel RandomModel(const RandomModelOptions& o) {
       lw.q_norm = take(o.head_dim, 0.05f, 1.0f);
       lw.k_norm = take(o.head_dim, 0.05f, 1.0f);
     }
-    lw.wo = take(o.hidden * q, w);
+    lw.wo = model::WeightMatrix::F32(take(o.hidden * q, w), o.hidden, q);
     lw.ffn_norm = take(o.hidden, 0.05f, 1.0f);
-    lw.w_gate = take(int64_t{o.intermediate} * o.hidden, w);
-    lw.w_up = take(int64_t{o.intermediate} * o.hidden, w);
-    lw.w_down = take(int64_t{o.hidden} * o.intermediate,
-                     1.0f / std::sqrt(static_cast<float>(o.intermediate)));
+    lw.w_gate = model::WeightMatrix::F32(take(int64_t{o.intermediate} * o.hidden, w),
+                                         o.intermediate, o.hidden);
+    lw.w_up = model::WeightMatrix::F32(take(int64_t{o.intermediate} * o.hidden, w), o.intermediate,
+                                       o.hidden);
+    lw.w_down = model::WeightMatrix::F32(take(int64_t{o.hidden} * o.intermediate,
+                                              1.0f / std::sqrt(static_cast<float>(o.intermediate))),
+                                         o.hidden, o.intermediate);
     m.weights.layers.push_back(lw);
   }
   m.fingerprint = "random-" + std::to_string(o.seed);

@@ -29,16 +29,25 @@ using ::kvstrata::model::testing::WriteFile;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// One tensor of a model: its values and shape, row-major.
+// One tensor of a model: its fp32 values and shape, row-major; for a vector the arena pointer,
+// for a matrix the matrix as the model holds it.
 struct Tensor {
   std::string name;
-  const float* data;
+  const float* vector = nullptr;
+  const WeightMatrix* matrix = nullptr;
   std::vector<int64_t> shape;
   bool is_matrix() const { return shape.size() == 2; }
+  bool present() const { return is_matrix() ? matrix->present() : vector != nullptr; }
   size_t size() const {
     size_t n = 1;
     for (const int64_t d : shape) n *= static_cast<size_t>(d);
     return n;
+  }
+  std::vector<float> values() const {
+    if (!is_matrix()) return std::vector<float>(vector, vector + size());
+    EXPECT_EQ(matrix->rows, shape[0]);
+    EXPECT_EQ(matrix->cols, shape[1]);
+    return matrix->Dequantized();
   }
 };
 
@@ -48,29 +57,34 @@ std::vector<Tensor> TensorsOf(const LoadedModel& m) {
                 kv = int64_t{c.num_kv_heads} * c.head_dim, f = c.intermediate_size,
                 v = c.vocab_size;
   const ModelWeights& w = m.weights;
-  std::vector<Tensor> t = {{"token_embedding", w.token_embedding, {v, h}},
-                           {"output_norm", w.output_norm, {h}},
-                           {"lm_head", w.lm_head, {v, h}}};
+  const auto vec = [](std::string name, const float* p, int64_t n) {
+    return Tensor{std::move(name), p, nullptr, {n}};
+  };
+  const auto mat = [](std::string name, const WeightMatrix& p, int64_t rows, int64_t cols) {
+    return Tensor{std::move(name), nullptr, &p, {rows, cols}};
+  };
+  std::vector<Tensor> t = {mat("token_embedding", w.token_embedding, v, h),
+                           vec("output_norm", w.output_norm, h), mat("lm_head", w.lm_head, v, h)};
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     const std::string p = "layer" + std::to_string(l) + ".";
-    t.push_back({p + "attn_norm", L.attn_norm, {h}});
-    t.push_back({p + "wq", L.wq, {q, h}});
-    t.push_back({p + "wk", L.wk, {kv, h}});
-    t.push_back({p + "wv", L.wv, {kv, h}});
-    t.push_back({p + "wo", L.wo, {h, q}});
-    t.push_back({p + "ffn_norm", L.ffn_norm, {h}});
-    t.push_back({p + "w_gate", L.w_gate, {f, h}});
-    t.push_back({p + "w_up", L.w_up, {f, h}});
-    t.push_back({p + "w_down", L.w_down, {h, f}});
+    t.push_back(vec(p + "attn_norm", L.attn_norm, h));
+    t.push_back(mat(p + "wq", L.wq, q, h));
+    t.push_back(mat(p + "wk", L.wk, kv, h));
+    t.push_back(mat(p + "wv", L.wv, kv, h));
+    t.push_back(mat(p + "wo", L.wo, h, q));
+    t.push_back(vec(p + "ffn_norm", L.ffn_norm, h));
+    t.push_back(mat(p + "w_gate", L.w_gate, f, h));
+    t.push_back(mat(p + "w_up", L.w_up, f, h));
+    t.push_back(mat(p + "w_down", L.w_down, h, f));
     if (c.qkv_bias) {
-      t.push_back({p + "bq", L.bq, {q}});
-      t.push_back({p + "bk", L.bk, {kv}});
-      t.push_back({p + "bv", L.bv, {kv}});
+      t.push_back(vec(p + "bq", L.bq, q));
+      t.push_back(vec(p + "bk", L.bk, kv));
+      t.push_back(vec(p + "bv", L.bv, kv));
     }
     if (c.qk_norm) {
-      t.push_back({p + "q_norm", L.q_norm, {c.head_dim}});
-      t.push_back({p + "k_norm", L.k_norm, {c.head_dim}});
+      t.push_back(vec(p + "q_norm", L.q_norm, c.head_dim));
+      t.push_back(vec(p + "k_norm", L.k_norm, c.head_dim));
     }
   }
   return t;
@@ -161,19 +175,25 @@ TEST_P(GgufRoundTripTest, LlamaLoadsWhatWasWritten) {
   EXPECT_EQ(loaded->fingerprint.size(), 64u);
   EXPECT_EQ(loaded->fingerprint.find_first_not_of("0123456789abcdef"), std::string::npos);
 
-  // Every tensor sits inside the one arena.
+  // Vectors sit inside the one arena; matrices keep the file's type (and bytes).
   const std::vector<float>& arena = loaded->weights.arena;
   const std::vector<Tensor> got = TensorsOf(*loaded);
   const std::vector<Tensor> want = TensorsOf(*reference);
   ASSERT_EQ(got.size(), want.size());
+  ASSERT_NE(loaded->weights.storage, nullptr);
   size_t total = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     SCOPED_TRACE(got[i].name);
-    ASSERT_NE(got[i].data, nullptr);
-    ASSERT_GE(got[i].data, arena.data());
-    ASSERT_LE(got[i].data + got[i].size(), arena.data() + arena.size());
-    total += got[i].size();
-    std::vector<float> expected(want[i].data, want[i].data + want[i].size());
+    ASSERT_TRUE(got[i].present());
+    if (got[i].is_matrix()) {
+      EXPECT_EQ(got[i].matrix->type, type);
+      EXPECT_EQ(got[i].matrix->f32() != nullptr, type == GgmlType::kF32);
+    } else {
+      ASSERT_GE(got[i].vector, arena.data());
+      ASSERT_LE(got[i].vector + got[i].size(), arena.data() + arena.size());
+      total += got[i].size();
+    }
+    std::vector<float> expected = want[i].values();
     const bool is_q = got[i].name.ends_with(".wq");
     if (is_q || got[i].name.ends_with(".wk")) {
       const int heads = is_q ? options.num_heads : options.num_kv_heads;
@@ -181,14 +201,14 @@ TEST_P(GgufRoundTripTest, LlamaLoadsWhatWasWritten) {
                                  options.hidden_size, expected);
     }
     const GgmlType stored = got[i].is_matrix() ? type : GgmlType::kF32;
-    const std::vector<float> actual(got[i].data, got[i].data + got[i].size());
+    const std::vector<float> actual = got[i].values();
     EXPECT_EQ(actual, ThroughType(stored, expected));
     const float tolerance = Tolerance(stored, expected);
     for (size_t j = 0; j < actual.size(); ++j) {
       ASSERT_LE(std::fabs(actual[j] - expected[j]), tolerance) << "element " << j;
     }
   }
-  EXPECT_EQ(total, arena.size());  // untied: lm_head has its own copy
+  EXPECT_EQ(total, arena.size());  // the arena holds the vectors only
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, GgufRoundTripTest,
@@ -219,9 +239,9 @@ TEST(GgufLoaderTest, QwenArchitecturesKeepHalfSplitAndExtraTensors) {
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       SCOPED_TRACE(got[i].name);
-      ASSERT_NE(got[i].data, nullptr);
-      const std::span<const float> expected(want[i].data, want[i].size());
-      EXPECT_EQ(std::vector<float>(got[i].data, got[i].data + got[i].size()),
+      ASSERT_TRUE(got[i].present());
+      const std::vector<float> expected = want[i].values();
+      EXPECT_EQ(got[i].values(),
                 ThroughType(got[i].is_matrix() ? GgmlType::kQ8_0 : GgmlType::kF32, expected));
     }
     const LayerWeights& layer = loaded->weights.layers[1];
@@ -230,7 +250,7 @@ TEST(GgufLoaderTest, QwenArchitecturesKeepHalfSplitAndExtraTensors) {
   }
 }
 
-TEST(GgufLoaderTest, TiedEmbeddingsShareTheArena) {
+TEST(GgufLoaderTest, TiedEmbeddingsShareTheirBytes) {
   ScratchDir dir;
   TinyModelOptions options;
   options.tied_embeddings = true;
@@ -240,7 +260,7 @@ TEST(GgufLoaderTest, TiedEmbeddingsShareTheArena) {
   absl::StatusOr<LoadedModel> loaded = LoadGgufModel(dir.File("t.gguf"));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_TRUE(loaded->config.tied_embeddings);
-  EXPECT_EQ(loaded->weights.lm_head, loaded->weights.token_embedding);
+  EXPECT_EQ(loaded->weights.lm_head.data, loaded->weights.token_embedding.data);
   EXPECT_EQ(loaded->config.vocab_size, 300);
   ASSERT_EQ(loaded->tokenizer.tokens.size(), 300u);
   EXPECT_EQ(loaded->tokenizer.tokens[299], "<|pad_299|>");

@@ -145,21 +145,23 @@ class GgufReferenceTest : public ::testing::Test {
 
   void SetUp() override { ASSERT_TRUE(setup_error_.empty()) << setup_error_; }
 
-  // The tensors compared, with where the loader put them: the Q8_0 embedding, Q4_1 matrices
-  // from the first, a middle and the last layer, and F32 norms.
-  static std::vector<std::pair<std::string, std::pair<const float*, size_t>>> Checked() {
+  // The tensors compared, with the fp32 values the model gives: the Q8_0 embedding and Q4_1
+  // matrices from the first, a middle and the last layer (kept as stored, dequantised here as
+  // every backend sees them), and F32 norms.
+  static std::vector<std::pair<std::string, std::vector<float>>> Checked() {
     const ModelWeights& w = model_->weights;
-    const size_t h = 576, q = 576, kv = 192, f = 1536, v = 49152;
+    const size_t h = 576;
+    const auto vec = [](const float* p, size_t n) { return std::vector<float>(p, p + n); };
     return {
-        {"token_embd.weight", {w.token_embedding, v * h}},
-        {"blk.0.attn_q.weight", {w.layers[0].wq, q * h}},
-        {"blk.0.attn_k.weight", {w.layers[0].wk, kv * h}},
-        {"blk.13.ffn_gate.weight", {w.layers[13].w_gate, f * h}},
-        {"blk.29.ffn_down.weight", {w.layers[29].w_down, h * f}},
-        {"blk.29.attn_output.weight", {w.layers[29].wo, h * q}},
-        {"blk.0.attn_norm.weight", {w.layers[0].attn_norm, h}},
-        {"blk.17.ffn_norm.weight", {w.layers[17].ffn_norm, h}},
-        {"output_norm.weight", {w.output_norm, h}},
+        {"token_embd.weight", w.token_embedding.Dequantized()},
+        {"blk.0.attn_q.weight", w.layers[0].wq.Dequantized()},
+        {"blk.0.attn_k.weight", w.layers[0].wk.Dequantized()},
+        {"blk.13.ffn_gate.weight", w.layers[13].w_gate.Dequantized()},
+        {"blk.29.ffn_down.weight", w.layers[29].w_down.Dequantized()},
+        {"blk.29.attn_output.weight", w.layers[29].wo.Dequantized()},
+        {"blk.0.attn_norm.weight", vec(w.layers[0].attn_norm, h)},
+        {"blk.17.ffn_norm.weight", vec(w.layers[17].ffn_norm, h)},
+        {"output_norm.weight", vec(w.output_norm, h)},
     };
   }
 
@@ -194,7 +196,9 @@ TEST_F(GgufReferenceTest, ConfigAndTokenizerAreSmolLm2) {
   EXPECT_TRUE(c.tied_embeddings);
   EXPECT_FALSE(c.qkv_bias);
   EXPECT_FALSE(c.qk_norm);
-  EXPECT_EQ(model_->weights.lm_head, model_->weights.token_embedding);
+  EXPECT_EQ(model_->weights.lm_head.data, model_->weights.token_embedding.data);
+  EXPECT_EQ(model_->weights.token_embedding.type, GgmlType::kQ8_0);  // kept as the file has it
+  EXPECT_EQ(model_->weights.layers[0].wq.type, GgmlType::kQ4_1);
   EXPECT_EQ(model_->weights.layers.size(), 30u);
 
   const tokenizer::TokenizerSpec& t = model_->tokenizer;
@@ -230,7 +234,8 @@ TEST_F(GgufReferenceTest, TensorsMatchTheGgufPythonPackageBitForBit) {
     ASSERT_NE(it, reference_->tensors.end()) << reference_->raw_output;
     const Reference& ref = it->second;
     ++types_seen[ref.type];
-    const auto [data, count] = where;
+    const float* data = where.data();
+    const size_t count = where.size();
     ASSERT_NE(data, nullptr);
     ASSERT_EQ(ref.count, count);
     ASSERT_GE(ref.samples.size(), 20u);
