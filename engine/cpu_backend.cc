@@ -315,7 +315,9 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
 }  // namespace
 
 std::unique_ptr<Backend> CreateCpuBackend(const model::LoadedModel& model,
-                                          const RotationSet& rotations, KvCache* cache) {
+                                          const RotationSet& rotations, KvCache* cache,
+                                          int threads) {
+  openblas_set_num_threads(threads);
   return std::make_unique<CpuBackend>(model, rotations, cache);
 }
 

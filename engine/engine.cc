@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "engine/cpu_backend.h"
+#include "engine/thread_pool.h"
 #ifdef KVSTRATA_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/device_page_memory.h"
@@ -53,6 +54,9 @@ absl::Status ValidateOptionsAlone(const EngineOptions& o) {
     return bad("kv_cache.layout.recent_tokens=", kv.layout.recent_tokens, " must be >= 1");
   }
   if (kv.group_size < 0) return bad("kv_cache.group_size=", kv.group_size, " must be >= 0");
+  if (o.cpu_threads < 0 || o.cpu_threads > 1024) {
+    return bad("cpu_threads=", o.cpu_threads, " must be in [0, 1024] (0: the default)");
+  }
   if (s.max_running < 1 || s.max_running > kv.max_sequences) {
     return bad("scheduler.max_running=", s.max_running,
                " must be in [1, kv_cache.max_sequences=", kv.max_sequences,
@@ -296,7 +300,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
 #endif
   } else {
     KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, cache_options));
-    backend = CreateCpuBackend(*e->model_, e->rotations_, e->cache_.get());
+    backend = CreateCpuBackend(*e->model_, e->rotations_, e->cache_.get(),
+                               options.cpu_threads > 0 ? options.cpu_threads : DefaultCpuThreads());
   }
   e->backend_ = std::make_unique<MeteredBackend>(std::move(backend), e->cache_.get());
   const tokenizer::Tokenizer* t = &e->encoder_.tokenizer();

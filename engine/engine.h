@@ -77,6 +77,9 @@ struct EngineOptions {
   std::string default_rotations_dir;
   KvCacheOptions kv_cache;     // format, layout, group size, capacity, sizing of the pools
   SchedulerOptions scheduler;  // batching, chunked prefill, default sampling seed
+  // Threads of the CPU backend's math, the engine thread included; 0 = DefaultCpuThreads()
+  // (engine/thread_pool.h).
+  int cpu_threads = 0;
 };
 
 // Checks the options against each other and against the model, before anything is allocated.

@@ -26,6 +26,9 @@ ABSL_FLAG(bool, gpu_sampling, true,
 ABSL_FLAG(std::string, gpu_weights, "auto",
           "with --device cuda, the weights' type: auto (fp32 for models up to 2 GiB of fp32 "
           "weights, as the CPU computes; bf16 above), bf16, fp16 or fp32");
+ABSL_FLAG(int, cpu_threads, 0,
+          "threads of the CPU engine's math (0: $OPENBLAS_NUM_THREADS if set, else every CPU "
+          "this process may use)");
 
 namespace kvstrata::cli {
 
@@ -56,6 +59,11 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   o.gpu_weights = *weights;
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.gpu_sampling = absl::GetFlag(FLAGS_gpu_sampling);
+  o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  if (o.cpu_threads < 0 || o.cpu_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu-threads=", o.cpu_threads, " must be in [0, 1024]"));
+  }
   std::error_code ec;
   o.rotations_path = absl::GetFlag(FLAGS_rotations);
   if (o.rotations_path == "identity") {

@@ -19,6 +19,7 @@ ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gpu_weights);
 ABSL_DECLARE_FLAG(bool, cuda_graphs);
 ABSL_DECLARE_FLAG(bool, gpu_sampling);
+ABSL_DECLARE_FLAG(int, cpu_threads);
 
 namespace kvstrata::cli {
 
@@ -26,9 +27,9 @@ namespace kvstrata::cli {
 using engine::CacheDir;
 using engine::DefaultModelPath;
 
-// Engine options from --model (or the default model), --kv-format, --rotations, --kv-cache-mb
-// and --device; the caller adjusts the sizing (sequences, chunks) it needs. InvalidArgument
-// naming the flag for a bad value or a --model that does not exist; NotFound pointing at
+// Engine options from --model (or the default model), --kv-format, --rotations, --kv-cache-mb,
+// --device, the --gpu-* and --cuda-graphs flags and --cpu-threads; the caller adjusts the sizing
+// (sequences, chunks) it needs. InvalidArgument naming the flag for a bad value or a --model that does not exist; NotFound pointing at
 // scripts/fetch-model.sh when --model is not given and the default model is absent.
 absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags();
 
