@@ -210,12 +210,15 @@ int RunBenchEngine() {
                model->config.name.c_str(), engines[0]->backend().Describe().c_str(), prompt_tokens,
                decode_tokens, std::thread::hardware_concurrency(), CpuModel().c_str());
 
+  // Sequence s of every batch has the same prompt, so other engines can be given exactly these
+  // tokens (bench/compare_llama_cpp.py reads them from the JSON).
+  std::vector<std::vector<int32_t>> all_prompts;
+  for (int s = 0; s < max_batch; ++s) {
+    all_prompts.emplace_back(ids.begin() + 97 * s, ids.begin() + 97 * s + prompt_tokens);
+  }
   std::vector<Result> results;
   for (int b : batches) {
-    std::vector<std::vector<int32_t>> prompts;
-    for (int s = 0; s < b; ++s) {
-      prompts.emplace_back(ids.begin() + 97 * s, ids.begin() + 97 * s + prompt_tokens);
-    }
+    const std::vector<std::vector<int32_t>> prompts(all_prompts.begin(), all_prompts.begin() + b);
     for (size_t f = 0; f < formats.size(); ++f) {
       // Warm-up: fault in the page pools and the BLAS buffers outside the timed run.
       std::vector<std::vector<int32_t>> warm(
@@ -286,6 +289,7 @@ int RunBenchEngine() {
                             {"kv_bits_per_element", r.kv_bits_per_element}});
   }
   std::printf("%s\n", j.dump(2).c_str());
+  j["prompt_token_ids"] = all_prompts;  // in the file only: long
   if (const std::string out = absl::GetFlag(FLAGS_json); !out.empty()) {
     std::ofstream f(out);
     f << j.dump(2) << "\n";
