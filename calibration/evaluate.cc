@@ -45,8 +45,8 @@ void ParallelFor(size_t count, int threads, const std::function<void(size_t)>& f
   for (std::thread& t : workers) t.join();
 }
 
-// Single-threaded BLAS while the formats run on threads of their own (every run, reference
-// included, then sums in the same order); restored on scope exit.
+// Single-threaded BLAS (the probes' own products) while the formats run on threads of their
+// own; restored on scope exit. The engines get one CPU thread each then (CreateFidelityEngine).
 class BlasThreads {
  public:
   explicit BlasThreads(int n) : saved_(openblas_get_num_threads()) { openblas_set_num_threads(n); }
@@ -410,13 +410,16 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
     }
     report.data_digests.emplace_back(context, TokenDigest(windows));
     const int chunk = std::min(options.chunk, context);
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> ref,
-                        CreateFidelityEngine(model, engine::KvCacheFormat::kBf16,
-                                             kernels::SplitLayout{}, group, "", context, chunk));
+    // Formats run concurrently on `threads` threads, an engine each: one CPU thread apiece.
+    const int engine_threads = threads > 1 ? 1 : 0;
+    KV_ASSIGN_OR_RETURN(
+        std::unique_ptr<engine::Engine> ref,
+        CreateFidelityEngine(model, engine::KvCacheFormat::kBf16, kernels::SplitLayout{}, group, "",
+                             context, chunk, engine_threads));
     std::vector<std::unique_ptr<engine::Engine>> engines;
     for (const EvalFormat& f : formats) {
-      absl::StatusOr<std::unique_ptr<engine::Engine>> e =
-          CreateFidelityEngine(model, f.format, f.layout, group, f.rotations_path, context, chunk);
+      absl::StatusOr<std::unique_ptr<engine::Engine>> e = CreateFidelityEngine(
+          model, f.format, f.layout, group, f.rotations_path, context, chunk, engine_threads);
       if (!e.ok()) {
         return absl::Status(e.status().code(),
                             absl::StrCat("format ", f.name, ": ", e.status().message()));

@@ -7,7 +7,7 @@ namespace kvstrata::calibration {
 absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
     std::shared_ptr<const model::LoadedModel> model, engine::KvCacheFormat format,
     const kernels::SplitLayout& layout, int group_size, const std::string& rotations_path,
-    int64_t max_tokens, int chunk) {
+    int64_t max_tokens, int chunk, int cpu_threads) {
   const model::ModelConfig& c = model->config;
   kernels::KvGeometry g{c.num_layers, c.num_kv_heads, c.head_dim,
                         group_size > 0 ? group_size : c.head_dim, layout.page_tokens};
@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
   o.scheduler.max_waiting = 1;
   o.scheduler.prefill_chunk = chunk;
   o.scheduler.max_step_tokens = std::max(chunk, 1);
+  o.cpu_threads = cpu_threads;
   return engine::Engine::Create(std::move(model), o);
 }
 

@@ -15,10 +15,11 @@
 
 namespace kvstrata::calibration {
 
-// rotations_path "" = identity. group_size 0 = head_dim.
+// rotations_path "" = identity. group_size 0 = head_dim. cpu_threads as
+// EngineOptions::cpu_threads (0: the default; 1 for engines that run concurrently).
 absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
     std::shared_ptr<const model::LoadedModel> model, engine::KvCacheFormat format,
     const kernels::SplitLayout& layout, int group_size, const std::string& rotations_path,
-    int64_t max_tokens, int chunk);
+    int64_t max_tokens, int chunk, int cpu_threads = 0);
 
 }  // namespace kvstrata::calibration

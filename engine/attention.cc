@@ -1,96 +1,189 @@
 #include "engine/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
-#include <vector>
 
-#include "kernels/quant.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/scratch.h"
 
 namespace kvstrata::engine {
 
-void ChunkAttention(KvCache& cache, const SequenceKv& seq, int layer, const float* q, int n,
-                    int64_t pos0, int num_heads, float sm_scale, float* out) {
+namespace {
+
+using kernels::cpu::AttentionState;
+using kernels::cpu::BlockFormat;
+using kernels::cpu::KvBlockPair;
+
+// How the cache's history pages are stored, for the kernels.
+BlockFormat HistoryFormat(KvCacheFormat format) {
+  switch (format) {
+    case KvCacheFormat::kInt2:
+      return BlockFormat::kInt2Uniform;
+    case KvCacheFormat::kInt2LloydMax:
+      return BlockFormat::kInt2LloydMax;
+    case KvCacheFormat::kBf16:  // no history pages
+    case KvCacheFormat::kEvalFp8:
+    case KvCacheFormat::kEvalInt4:
+    case KvCacheFormat::kEvalKivi2:
+    case KvCacheFormat::kEvalTurbo3:
+      return BlockFormat::kF32;  // the evaluation formats keep fp32 reconstructions
+  }
+  return BlockFormat::kF32;
+}
+
+// Query positions per task: about 32 query rows, so a task's state stays in L2.
+int PositionsPerTask(int group) { return std::max(1, 32 / group); }
+
+}  // namespace
+
+LayerAttention::LayerAttention(kernels::cpu::CpuIsa isa, int num_heads)
+    : isa_(isa), num_heads_(num_heads) {}
+
+void LayerAttention::Run(KvCache& cache, int layer, std::span<const AttentionChunk> chunks,
+                         float sm_scale, ThreadPool* pool) {
   const kernels::KvGeometry& g = cache.geometry();
-  const int d = g.head_dim;
-  const int P = g.page_tokens;
-  const int group = num_heads / g.num_kv_heads;
-  const int rows = n * group;  // row r = t * group + j  <->  query t, head kv_head * group + j
-  const int64_t end = pos0 + n;
-  const int64_t pages = (end + P - 1) / P;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-  std::vector<float> qh(static_cast<size_t>(rows) * d), acc(static_cast<size_t>(rows) * d);
-  std::vector<float> m(rows), l(rows), scores(static_cast<size_t>(rows) * P);
-  std::vector<float> k_tile(static_cast<size_t>(P) * d), v_tile(static_cast<size_t>(P) * d);
-
-  for (int h = 0; h < g.num_kv_heads; ++h) {
-    for (int t = 0; t < n; ++t) {
-      for (int j = 0; j < group; ++j) {
-        const float* src = q + (static_cast<int64_t>(t) * num_heads + h * group + j) * d;
-        std::copy(src, src + d, qh.begin() + (static_cast<int64_t>(t) * group + j) * d);
-      }
-    }
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    std::fill(m.begin(), m.end(), kNegInf);
-    std::fill(l.begin(), l.end(), 0.0f);
-
-    for (int64_t p = 0; p < pages; ++p) {
-      const int64_t tok0 = p * P;
-      const int ntok = static_cast<int>(std::min<int64_t>(P, end - tok0));
-      const int64_t first_int2 = cache.FirstInt2Query(p);
-      // Queries t >= tok0 see the page: in BF16 before first_int2, as history from it on.
-      const int64_t ranges[2][2] = {{std::max(pos0, tok0), std::min(end, first_int2)},
-                                    {std::max({pos0, tok0, first_int2}), end}};
-      for (int version = 0; version < 2; ++version) {
-        const int64_t t_begin = ranges[version][0], t_end = ranges[version][1];
-        if (t_begin >= t_end) continue;
-        if (version == 0) {
-          kernels::DecodeBf16Block(cache.Bf16Block(seq, p, layer, 0, h), ntok, g, k_tile.data());
-          kernels::DecodeBf16Block(cache.Bf16Block(seq, p, layer, 1, h), ntok, g, v_tile.data());
-        } else {
-          cache.DecodeHistory(seq, p, layer, /*kind=*/0, h, ntok, k_tile.data());
-          cache.DecodeHistory(seq, p, layer, /*kind=*/1, h, ntok, v_tile.data());
+  const int d = g.head_dim, P = g.page_tokens, group = num_heads_ / g.num_kv_heads;
+  const int qb = PositionsPerTask(group);
+  tasks_.clear();
+  int64_t floats = 0;
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const AttentionChunk& c = chunks[ci];
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      for (int t0 = 0; t0 < c.n; t0 += qb) {
+        const int t1 = std::min(c.n, t0 + qb);
+        const int64_t last_page = (c.pos0 + t1 - 1) / P;  // the last the block's queries see
+        for (int64_t p0 = 0; p0 <= last_page; p0 += kPagesPerRange) {
+          tasks_.push_back(Task{static_cast<int>(ci), h, t0, t1, p0,
+                                std::min(last_page + 1, p0 + kPagesPerRange), floats});
+          floats += int64_t{t1 - t0} * group * (d + 2);
         }
-        const int r0 = static_cast<int>(t_begin - pos0) * group;
-        const int nr = static_cast<int>(t_end - t_begin) * group;
-        // scores[nr][ntok] = Q·Kᵀ · scale
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, ntok, d, sm_scale,
-                    qh.data() + static_cast<int64_t>(r0) * d, d, k_tile.data(), d, 0.0f,
-                    scores.data(), ntok);
-        for (int r = 0; r < nr; ++r) {
-          const int64_t t = pos0 + (r0 + r) / group;
-          float* s = scores.data() + static_cast<int64_t>(r) * ntok;
-          const int visible = static_cast<int>(std::min<int64_t>(ntok, t - tok0 + 1));  // causal
-          float row_max = kNegInf;
-          for (int j = 0; j < visible; ++j) row_max = std::max(row_max, s[j]);
-          const int row = r0 + r;
-          const float new_m = std::max(m[row], row_max);
-          const float correction = m[row] == kNegInf ? 0.0f : std::exp(m[row] - new_m);
-          float sum = 0.0f;
-          for (int j = 0; j < visible; ++j) sum += (s[j] = std::exp(s[j] - new_m));
-          for (int j = visible; j < ntok; ++j) s[j] = 0.0f;
-          l[row] = l[row] * correction + sum;
-          m[row] = new_m;
-          float* a = acc.data() + static_cast<int64_t>(row) * d;
-          for (int i = 0; i < d; ++i) a[i] *= correction;
-        }
-        // acc[nr][d] += P·V
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, d, ntok, 1.0f, scores.data(),
-                    ntok, v_tile.data(), d, 1.0f, acc.data() + static_cast<int64_t>(r0) * d, d);
-      }
-    }
-    for (int t = 0; t < n; ++t) {
-      for (int j = 0; j < group; ++j) {
-        const int row = t * group + j;
-        float* dst = out + (static_cast<int64_t>(t) * num_heads + h * group + j) * d;
-        const float inv = l[row] > 0.0f ? 1.0f / l[row] : 0.0f;
-        for (int i = 0; i < d; ++i) dst[i] = acc[static_cast<int64_t>(row) * d + i] * inv;
       }
     }
   }
+  if (static_cast<int64_t>(partials_.size()) < floats) partials_.resize(floats);
+  const auto run = [&](int task, int) { RunTask(cache, layer, chunks, sm_scale, tasks_[task]); };
+  if (pool != nullptr) {
+    pool->ParallelFor(static_cast<int>(tasks_.size()), run);
+  } else {
+    for (size_t i = 0; i < tasks_.size(); ++i) run(static_cast<int>(i), 0);
+  }
+
+  // Merge each query block's partials in range order (tasks of one block are consecutive).
+  std::vector<int>& firsts = merge_groups_;
+  firsts.clear();
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    const Task& t = tasks_[i];
+    if (i == 0 || t.chunk != tasks_[i - 1].chunk || t.head != tasks_[i - 1].head ||
+        t.t_begin != tasks_[i - 1].t_begin) {
+      firsts.push_back(static_cast<int>(i));
+    }
+  }
+  firsts.push_back(static_cast<int>(tasks_.size()));
+  const auto merge = [&](int gi, int) {
+    const int first = firsts[gi], last = firsts[gi + 1];
+    const Task& t = tasks_[first];
+    const AttentionChunk& c = chunks[t.chunk];
+    const int rows = (t.t_end - t.t_begin) * group;
+    for (int r = 0; r < rows; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int k = first; k < last; ++k) {
+        mx = std::max(mx, partials_[tasks_[k].partial + int64_t{r} * (d + 2)]);
+      }
+      float* out =
+          c.out + (int64_t{t.t_begin + r / group} * num_heads_ + t.head * group + r % group) * d;
+      float l = 0.0f;
+      for (int k = first; k < last; ++k) {
+        const float* part = partials_.data() + tasks_[k].partial + int64_t{r} * (d + 2);
+        const float w = std::exp(part[0] - mx);  // 0 for a range the row does not see
+        l += w * part[1];
+        for (int i = 0; i < d; ++i) out[i] = (k == first ? 0.0f : out[i]) + w * part[2 + i];
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int i = 0; i < d; ++i) out[i] *= inv;
+    }
+  };
+  const int groups = static_cast<int>(firsts.size()) - 1;
+  if (pool != nullptr) {
+    pool->ParallelFor(groups, merge);
+  } else {
+    for (int i = 0; i < groups; ++i) merge(i, 0);
+  }
+}
+
+void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const AttentionChunk> chunks,
+                             float sm_scale, const Task& task) {
+  const kernels::KvGeometry& g = cache.geometry();
+  const int d = g.head_dim, P = g.page_tokens, group = num_heads_ / g.num_kv_heads;
+  const AttentionChunk& c = chunks[task.chunk];
+  const int rows = (task.t_end - task.t_begin) * group;
+  const int64_t lane_floats = AttentionState::LaneFloats(d);
+  // Scratch: lanes (64-byte aligned, first), query rows, acc, m, l, visible counts, flags.
+  const int64_t need = rows * (lane_floats + 2 * d + 4) + 16;
+  float* scratch = kernels::cpu::ThreadScratch(need, /*which=*/3);
+  AttentionState st;
+  st.head_dim = d;
+  st.lanes = scratch;
+  float* qrows = st.lanes + rows * lane_floats;
+  st.acc = qrows + int64_t{rows} * d;
+  st.m = st.acc + int64_t{rows} * d;
+  st.l = st.m + rows;
+  int* visible = reinterpret_cast<int*>(st.l + rows);
+  st.lanes_used = visible + rows;
+  for (int t = task.t_begin; t < task.t_end; ++t) {
+    std::memcpy(qrows + int64_t{t - task.t_begin} * group * d,
+                c.q + (int64_t{t} * num_heads_ + task.head * group) * d, sizeof(float) * group * d);
+  }
+  kernels::cpu::InitAttentionState(rows, st);
+  const BlockFormat history = HistoryFormat(cache.options().format);
+  const int64_t end = c.pos0 + c.n;
+  for (int64_t p = task.page_begin; p < task.page_end; ++p) {
+    const int64_t tok0 = p * P;
+    const int ntok = static_cast<int>(std::min<int64_t>(P, end - tok0));
+    const int64_t first_int2 = cache.FirstInt2Query(p);
+    // Positions (ascending) that see the page: in BF16 before first_int2, as history from it.
+    const int64_t seen_from = std::max<int64_t>(tok0, c.pos0 + task.t_begin);
+    const int64_t ranges[2][2] = {{seen_from, std::min(c.pos0 + task.t_end, first_int2)},
+                                  {std::max(seen_from, first_int2), c.pos0 + task.t_end}};
+    for (int version = 0; version < 2; ++version) {
+      const int64_t a = ranges[version][0], b = ranges[version][1];
+      if (a >= b) continue;
+      const int row0 = static_cast<int>(a - c.pos0 - task.t_begin) * group;
+      const int nrows = static_cast<int>(b - a) * group;
+      for (int r = 0; r < nrows; ++r) {
+        const int64_t pos = a + r / group;
+        visible[row0 + r] = static_cast<int>(std::min<int64_t>(ntok, pos - tok0 + 1));
+      }
+      KvBlockPair block;
+      if (version == 0) {
+        block = KvBlockPair{BlockFormat::kBf16, cache.Bf16Block(*c.seq, p, layer, 0, task.head),
+                            cache.Bf16Block(*c.seq, p, layer, 1, task.head), ntok};
+      } else {
+        block = KvBlockPair{history, cache.HistoryBlock(*c.seq, p, layer, 0, task.head),
+                            cache.HistoryBlock(*c.seq, p, layer, 1, task.head), ntok};
+      }
+      kernels::cpu::AttendBlock(
+          isa_, g, block,
+          kernels::cpu::QueryRows{qrows + int64_t{row0} * d, nrows, visible + row0, sm_scale},
+          st.Rows(row0));
+    }
+  }
+  kernels::cpu::FinishAttentionState(isa_, g, rows, st);
+  for (int r = 0; r < rows; ++r) {
+    float* part = partials_.data() + task.partial + int64_t{r} * (d + 2);
+    part[0] = st.m[r];
+    part[1] = st.l[r];
+    std::memcpy(part + 2, st.acc + int64_t{r} * d, sizeof(float) * d);
+  }
+}
+
+void ChunkAttention(KvCache& cache, const SequenceKv& seq, int layer, const float* q, int n,
+                    int64_t pos0, int num_heads, float sm_scale, float* out) {
+  LayerAttention attention(kernels::cpu::DetectCpuIsa(), num_heads);
+  const AttentionChunk chunk{&seq, q, n, pos0, out};
+  attention.Run(cache, layer, std::span<const AttentionChunk>(&chunk, 1), sm_scale,
+                /*pool=*/nullptr);
 }
 
 }  // namespace kvstrata::engine

@@ -15,6 +15,10 @@ namespace {
 // schedules, also in microseconds. Longer gaps mean an idle engine, where a wake-up costs a
 // futex call.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
+// Polls past this many pause rounds also yield the core: on a machine shared with other
+// processes the thread being waited for may need it (a spinning waiter would otherwise hold
+// the core that thread is queued for, for a whole scheduler time slice).
+constexpr int kPauseRounds = 16;
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,8 +66,12 @@ void ThreadPool::WorkerLoop(int thread) {
     uint32_t now = generation_.load(std::memory_order_acquire);
     if (now == seen) {
       const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
-      while ((now = generation_.load(std::memory_order_acquire)) == seen) {
-        for (int i = 0; i < 64; ++i) CpuRelax();
+      for (int round = 0; (now = generation_.load(std::memory_order_acquire)) == seen; ++round) {
+        if (round < kPauseRounds) {
+          for (int i = 0; i < 64; ++i) CpuRelax();
+        } else {
+          std::this_thread::yield();
+        }
         if (std::chrono::steady_clock::now() > deadline) {
           generation_.wait(seen, std::memory_order_acquire);
         }
@@ -89,7 +97,13 @@ void ThreadPool::ParallelFor(int num_tasks, absl::FunctionRef<void(int task, int
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();  // a syscall only when some worker sleeps
   RunTasks(0);
-  while (running_.load(std::memory_order_acquire) != 0) CpuRelax();
+  for (int round = 0; running_.load(std::memory_order_acquire) != 0; ++round) {
+    if (round < kPauseRounds * 64) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
 }
 

@@ -1,9 +1,11 @@
 // The exactness principle (docs/kv-format.md §1): a sequence's KV pages depend on its tokens
 // alone, however the prompt was chunked. Prefilling in one chunk, in many chunks and token by
-// token must give the same pages (INT2 codes identical up to rare rounding ties).
+// token, on any number of threads, gives the same pages bit for bit: the CPU kernels compute
+// each token's products and attention the same way whatever else is in the batch.
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -28,14 +30,14 @@ kernels::KvGeometry GeometryOf(const model::LoadedModel& m) {
 }
 
 void Prefill(PrefillRun& run, const model::LoadedModel& m, const RotationSet& rot,
-             KvCacheFormat format, const std::vector<int32_t>& prompt, int chunk) {
+             KvCacheFormat format, const std::vector<int32_t>& prompt, int chunk, int threads) {
   KvCacheOptions o;
   o.format = format;
   o.capacity_bytes = 64 << 20;
   o.max_sequences = 1;
   o.max_chunk_tokens = 1024;
   run.cache = *KvCache::Create(GeometryOf(m), o);
-  run.backend = CreateCpuBackend(m, rot, run.cache.get());
+  run.backend = CreateCpuBackend(m, rot, run.cache.get(), threads);
   ASSERT_TRUE(run.cache->Reserve(run.seq, static_cast<int64_t>(prompt.size())).ok());
   run.seq.tokens = prompt;
   for (size_t pos = 0; pos < prompt.size(); pos += chunk) {
@@ -95,9 +97,9 @@ TEST_P(Exactness, ChunkingDoesNotChangeThePages) {
   std::vector<int32_t> prompt(700);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
   PrefillRun whole, chunked, stepwise;
-  Prefill(whole, m, rot, GetParam(), prompt, 700);
-  Prefill(chunked, m, rot, GetParam(), prompt, 97);
-  Prefill(stepwise, m, rot, GetParam(), prompt, 1);
+  Prefill(whole, m, rot, GetParam(), prompt, 700, /*threads=*/1);
+  Prefill(chunked, m, rot, GetParam(), prompt, 97, /*threads=*/3);
+  Prefill(stepwise, m, rot, GetParam(), prompt, 1, /*threads=*/2);
   // 700 tokens: pages 1..5 are INT2 history, page 0 is the sink, pages 6..10 the recent window.
   if (GetParam() != KvCacheFormat::kBf16) {
     EXPECT_EQ(whole.cache->DemotedPagesEnd(700), 6);
@@ -109,16 +111,44 @@ TEST_P(Exactness, ChunkingDoesNotChangeThePages) {
     ASSERT_GT(d.bytes, 0);
     std::printf("%s: %lld of %lld page bytes differ\n", KvCacheFormatName(GetParam()),
                 static_cast<long long>(d.differing), static_cast<long long>(d.bytes));
-    // Rounding ties can flip a code or a bf16 ulp when float sums are ordered differently.
-    EXPECT_LE(static_cast<double>(d.differing) / d.bytes, 1e-3)
-        << d.differing << " of " << d.bytes << " bytes differ";
-    double worst = 0, scale = 0;
-    for (size_t i = 0; i < whole.last_logits.size(); ++i) {
-      worst = std::max(worst, std::fabs(double{whole.last_logits[i]} - other->last_logits[i]));
-      scale = std::max(scale, std::fabs(double{whole.last_logits[i]}));
-    }
-    EXPECT_LE(worst, 1e-3 * scale);
+    EXPECT_EQ(d.differing, 0) << d.differing << " of " << d.bytes << " bytes differ";
+    EXPECT_EQ(whole.last_logits, other->last_logits);
   }
+}
+
+// The same with rotations, which the backend applies to q, k and v (and the output) per head:
+// orthogonal Walsh-Hadamard matrices with random signs, different per (layer, KV head).
+TEST(ExactnessWithRotations, ChunkingDoesNotChangeThePages) {
+  const model::LoadedModel m = testing::RandomModel({});
+  const int L = m.config.num_layers, H = m.config.num_kv_heads, d = m.config.head_dim;
+  RotationSet rot = IdentityRotations(L, H, d);
+  rot.identity = false;
+  std::mt19937 rng(21);
+  for (std::vector<float>* r : {&rot.k_rotation, &rot.v_rotation}) {
+    r->assign(static_cast<size_t>(L) * H * d * d, 0.0f);
+    for (int lh = 0; lh < L * H; ++lh) {
+      float* m_lh = r->data() + static_cast<int64_t>(lh) * d * d;
+      std::vector<float> sign(d);
+      for (float& s : sign) s = rng() % 2 ? 1.0f : -1.0f;
+      for (int i = 0; i < d; ++i) {
+        for (int j = 0; j < d; ++j) {
+          const float h = __builtin_popcount(i & j) % 2 ? -1.0f : 1.0f;  // Sylvester
+          m_lh[i * d + j] = sign[i] * h / std::sqrt(static_cast<float>(d));
+        }
+      }
+    }
+  }
+  rot.k_clip.assign(static_cast<size_t>(L) * H, 0.9f);
+  rot.v_clip.assign(static_cast<size_t>(L) * H, 0.95f);
+  std::vector<int32_t> prompt(700);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
+  PrefillRun whole, stepwise;
+  Prefill(whole, m, rot, KvCacheFormat::kInt2, prompt, 700, /*threads=*/2);
+  Prefill(stepwise, m, rot, KvCacheFormat::kInt2, prompt, 1, /*threads=*/1);
+  const PageDiff d_pages = ComparePages(whole, stepwise);
+  ASSERT_GT(d_pages.bytes, 0);
+  EXPECT_EQ(d_pages.differing, 0) << d_pages.differing << " of " << d_pages.bytes;
+  EXPECT_EQ(whole.last_logits, stepwise.last_logits);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Exactness,
@@ -140,7 +170,7 @@ TEST(ChunkAttention, MatchesSplitDecodeReference) {
   std::vector<int32_t> prompt(700);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
   PrefillRun run;
-  Prefill(run, m, rot, KvCacheFormat::kInt2, prompt, 700);
+  Prefill(run, m, rot, KvCacheFormat::kInt2, prompt, 700, /*threads=*/1);
   // Queries at positions 639..699 all see pages 1..5 in INT2 (the last demotion happened when
   // the sequence reached 640 tokens), so the final cache serves all of them.
   const int64_t pos0 = 639;
