@@ -65,8 +65,8 @@ class Backend {
   }
   virtual int vocab_size() const = 0;
   virtual ForwardTiming last_timing() const { return {}; }
-  // Where and how the pass runs, for logs: "cpu (fp32, OpenBLAS)", "cuda:0 (NVIDIA H200, ...),
-  // bf16 weights".
+  // Where and how the pass runs, for logs: "cpu (weights as stored, avx512 kernels, 2 threads)",
+  // "cuda:0 (NVIDIA H200, ...), bf16 weights".
   virtual std::string Describe() const = 0;
 };
 

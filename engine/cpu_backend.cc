@@ -138,7 +138,10 @@ class CpuBackend final : public Backend {
   }
 
   int vocab_size() const override { return cfg_.vocab_size; }
-  std::string Describe() const override { return "cpu (fp32 weights, OpenBLAS)"; }
+  std::string Describe() const override {
+    return absl::StrCat("cpu (weights as stored, ", kernels::cpu::CpuIsaName(isa_), " kernels, ",
+                        pool_.threads(), " threads)");
+  }
 
   absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
                        ForwardObserver* observer) override;

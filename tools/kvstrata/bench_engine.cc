@@ -10,8 +10,8 @@
 //   decode tok/s  = B * (decode_tokens - 1) / decode time
 // The KV figures are the page slots held at the peak, the last time it was reached (headers and
 // unfilled rows included), and the bits per element of the tokens they then held.
-// With --device cpu these are CPU timings (fp32 GEMMs through OpenBLAS on however many cores the
-// machine has); with --device cuda the GPU's, and the decode steps' device time (kernels and the
+// With --device cpu these are CPU timings (the CPU backend, kernels/cpu, on --cpu-threads
+// threads); with --device cuda the GPU's, and the decode steps' device time (kernels and the
 // logits copy) is reported beside their wall time, so the share spent outside kernels (host
 // bookkeeping, sampling, launches) shows.
 
@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "engine/thread_pool.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
 #include "tools/kvstrata/commands.h"
@@ -273,7 +274,11 @@ int RunBenchEngine() {
   j["note"] = options->device.cuda
                   ? "GPU timings: cuBLAS GEMMs in the weights' type named by device, kvstrata "
                     "kernels; decode_device_s is the device time of the decode steps"
-                  : "CPU timings";
+                  : "CPU timings: the CPU backend on the model's stored weights (kernels/cpu)";
+  if (!options->device.cuda) {
+    j["cpu_threads"] =
+        options->cpu_threads > 0 ? options->cpu_threads : engine::DefaultCpuThreads();
+  }
   for (const Result& r : results) {
     j["results"].push_back({{"kv_format", r.format},
                             {"kv_format_string", r.format_string},

@@ -6,7 +6,8 @@
 //
 // For each request it prints the question, the answer, the worker that served it and the cached
 // prompt tokens by tier; then the cache hit ratio (cached prompt tokens / prompt tokens) over
-// all requests and over those after the first, and each request's time to first token.
+// all requests and over those after the first, and each request's time to first token and
+// decode speed (tokens after the first, per second, as the stream delivered them).
 //
 //   kvstrata demo-chat --target=127.0.0.1:50070 --requests=4
 //
@@ -40,7 +41,8 @@ constexpr int kDefaultAnswerTokens = 48;
 
 // The shared prefix: what an operator would put in front of every conversation. Long on
 // purpose, so that it fills many KV pages that every later request can reuse.
-constexpr char kSystemPrompt[] = R"(You are Tessa, the support assistant of Northwind Kettleworks, a company that designs and sells the Aurora line of smart electric kettles and the Aurora Brew Station. You answer customers in a friendly, short and accurate way. Always answer in the language of the customer. If you do not know something, say so and offer to connect the customer with a human agent. Never invent order numbers, prices, tracking codes or policies that are not written below.
+constexpr char kSystemPrompt[] =
+    R"(You are Tessa, the support assistant of Northwind Kettleworks, a company that designs and sells the Aurora line of smart electric kettles and the Aurora Brew Station. You answer customers in a friendly, short and accurate way. Always answer in the language of the customer. If you do not know something, say so and offer to connect the customer with a human agent. Never invent order numbers, prices, tracking codes or policies that are not written below.
 
 # Products
 
@@ -115,12 +117,13 @@ int RunDemoChat() {
     return 2;
   }
 
-  std::printf("demo-chat: %d request(s) to %s sharing one %zu-character system prompt, "
-              "greedy, up to %d tokens each\n\n",
-              requests, target.c_str(), sizeof(kSystemPrompt) - 1, max_tokens);
+  std::printf(
+      "demo-chat: %d request(s) to %s sharing one %zu-character system prompt, "
+      "greedy, up to %d tokens each\n\n",
+      requests, target.c_str(), sizeof(kSystemPrompt) - 1, max_tokens);
   int failures = 0;
   uint64_t prompt_all = 0, cached_all = 0, prompt_later = 0, cached_later = 0;
-  std::vector<std::string> ttfts;
+  std::vector<std::string> ttfts, decode_speeds;
   for (int i = 0; i < requests; ++i) {
     const char* question = kQuestions[i % kNumQuestions];
     ClientRequest request;
@@ -150,16 +153,18 @@ int RunDemoChat() {
       ++failures;
       std::printf("\n      FAILED: %s\n\n", DescribeRpcError(r.status()).c_str());
       ttfts.push_back("failed");
+      decode_speeds.push_back("failed");
       continue;
     }
     const uint32_t cached = r->cached_local_tokens + r->cached_kvstore_tokens;
     std::printf(
         "\n      worker=%s finish=%s prompt=%u cached=%u (local %u, kvstore %u) uncached=%u "
-        "predicted_cached=%u generated=%u ttft=%.0f ms total=%.0f ms\n\n",
+        "predicted_cached=%u generated=%u ttft=%.0f ms decode=%.1f tok/s total=%.0f ms\n\n",
         r->worker_id.empty() ? "?" : r->worker_id.c_str(),
         r->finish_reason.empty() ? "?" : r->finish_reason.c_str(), r->prompt_tokens, cached,
         r->cached_local_tokens, r->cached_kvstore_tokens, r->uncached_tokens,
-        r->predicted_cached_tokens, r->completion_tokens, r->ttft_ms, r->total_ms);
+        r->predicted_cached_tokens, r->completion_tokens, r->ttft_ms, r->decode_tokens_per_second(),
+        r->total_ms);
     prompt_all += r->prompt_tokens;
     cached_all += cached;
     if (i > 0) {
@@ -167,12 +172,15 @@ int RunDemoChat() {
       cached_later += cached;
     }
     ttfts.push_back(absl::StrFormat("%.0f ms", r->ttft_ms));
+    decode_speeds.push_back(r->completion_tokens > 1
+                                ? absl::StrFormat("%.1f tok/s", r->decode_tokens_per_second())
+                                : std::string("n/a"));
   }
 
   auto ratio = [](uint64_t cached, uint64_t prompt) {
-    return prompt == 0 ? std::string("n/a")
-                       : absl::StrFormat("%.1f%% (%u/%u tokens)", 100.0 * cached / prompt,
-                                         cached, prompt);
+    return prompt == 0
+               ? std::string("n/a")
+               : absl::StrFormat("%.1f%% (%u/%u tokens)", 100.0 * cached / prompt, cached, prompt);
   };
   std::printf("cache hit ratio, all requests:         %s\n", ratio(cached_all, prompt_all).c_str());
   if (requests > 1) {
@@ -181,6 +189,12 @@ int RunDemoChat() {
   }
   std::printf("time to first token:");
   for (size_t i = 0; i < ttfts.size(); ++i) std::printf(" #%zu %s", i + 1, ttfts[i].c_str());
+  std::printf("\n");
+  // Client side, first to last token: what a user of the stream sees.
+  std::printf("decode speed:       ");
+  for (size_t i = 0; i < decode_speeds.size(); ++i) {
+    std::printf(" #%zu %s", i + 1, decode_speeds[i].c_str());
+  }
   std::printf("\n");
   std::fflush(stdout);  // keep the summary above the error when both go to one pipe
   if (failures > 0) {

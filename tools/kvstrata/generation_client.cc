@@ -72,9 +72,12 @@ absl::StatusOr<ClientResult> Generate(const std::string& target, const ClientReq
   while (reader->Read(&response)) {
     if (!response.request_id().empty()) result.request_id = response.request_id();
     if (!response.worker_id().empty()) result.worker_id = response.worker_id();
-    if (!first_token_seen && (response.token_ids_size() > 0 || !response.text().empty())) {
-      first_token_seen = true;
-      result.ttft_ms = MsSince(start);
+    if (response.token_ids_size() > 0 || !response.text().empty()) {
+      result.last_token_ms = MsSince(start);
+      if (!first_token_seen) {
+        first_token_seen = true;
+        result.ttft_ms = result.last_token_ms;
+      }
     }
     if (!response.text().empty()) {
       result.text += response.text();
@@ -117,9 +120,8 @@ absl::Status CheckHealth(const std::string& target, const std::string& service,
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) return rpc::FromGrpcStatus(status);
   if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-    return absl::UnavailableError(
-        absl::StrCat("health: ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
-                                     response.status())));
+    return absl::UnavailableError(absl::StrCat(
+        "health: ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
   }
   return absl::OkStatus();
 }

@@ -21,7 +21,7 @@ struct ClientRequest {
   // model's chat template and ending with an assistant header.
   std::string text;
   std::vector<std::pair<std::string, std::string>> messages;
-  uint32_t max_tokens = 0;  // 0: up to the context limit
+  uint32_t max_tokens = 0;   // 0: up to the context limit
   float temperature = 0.0f;  // 0: greedy
   uint64_t seed = 1;
   int64_t deadline_ms = 0;  // 0: no deadline
@@ -40,9 +40,18 @@ struct ClientResult {
   uint32_t uncached_tokens = 0;
   uint32_t recomputed_tokens = 0;
   uint32_t predicted_cached_tokens = 0;
-  double ttft_ms = 0;   // call start to the first message carrying tokens
-  double total_ms = 0;  // call start to the end of the stream
+  double ttft_ms = 0;         // call start to the first message carrying tokens
+  double last_token_ms = 0;   // call start to the last message carrying tokens
+  double total_ms = 0;        // call start to the end of the stream
   double server_ttft_ms = 0;  // as the server measured it (Timings), 0 if absent
+
+  // Tokens generated after the first, per second between the first and the last (0 when
+  // fewer than two tokens came): the decode speed as the client sees it.
+  double decode_tokens_per_second() const {
+    return completion_tokens > 1 && last_token_ms > ttft_ms
+               ? (completion_tokens - 1) * 1000.0 / (last_token_ms - ttft_ms)
+               : 0.0;
+  }
 };
 
 // Runs one Generate on `target` (HOST:PORT), calling `on_text` with each text delta as it
@@ -54,8 +63,7 @@ absl::StatusOr<ClientResult> Generate(const std::string& target, const ClientReq
 // grpc.health.v1.Health/Check of `service` ("" = the whole server) on `target`, waiting for
 // the connection up to `timeout_ms`. OK when SERVING; UNAVAILABLE with the reported state
 // otherwise.
-absl::Status CheckHealth(const std::string& target, const std::string& service,
-                         int64_t timeout_ms);
+absl::Status CheckHealth(const std::string& target, const std::string& service, int64_t timeout_ms);
 
 // "code NAME: message", the form the commands print a failed RPC in.
 std::string DescribeRpcError(const absl::Status& status);
