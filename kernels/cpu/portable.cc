@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/cpu/impl.h"
+#include "kernels/cpu/int2_tables.h"
 #include "kernels/numeric.h"
 #include "kernels/quant.h"
 
