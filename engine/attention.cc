@@ -105,7 +105,8 @@ void LayerAttention::Run(KvCache& cache, int layer, std::span<const AttentionChu
     }
   };
   const int groups = static_cast<int>(firsts.size()) - 1;
-  if (pool != nullptr) {
+  // A decode step's merges are a few hundred flops: not worth a parallel loop.
+  if (pool != nullptr && groups > 2 * pool->threads()) {
     pool->ParallelFor(groups, merge);
   } else {
     for (int i = 0; i < groups; ++i) merge(i, 0);

@@ -134,6 +134,16 @@ class CpuBackend final : public Backend {
           for (int b = 0; b < d; ++b) t[b * d + a] = r[a * d + b];
         }
       }
+      for (int l = 0; l < cfg_.num_layers; ++l) {
+        for (int which = 0; which < 3; ++which) {
+          for (int h = 0; h < cfg_.num_kv_heads; ++h) {
+            const int64_t lh = int64_t{l} * cfg_.num_kv_heads + h;
+            rot_ptrs_.push_back(which == 0   ? rot_t_.data() + lh * d * d
+                                : which == 1 ? rot_t_.data() + (n + lh) * d * d
+                                             : rot_.v(l, h));
+          }
+        }
+      }
     }
   }
 
@@ -150,23 +160,29 @@ class CpuBackend final : public Backend {
   void Rope(float* x, int heads, const float* cos, const float* sin) const;
   // Runs the products (each over T rows of x) as one parallel loop.
   void Products(const float* x, int T, int64_t x_stride, std::initializer_list<Product> products);
-  // y [T][..] = x [T][..] · R per head: `heads` blocks of head_dim columns, head h using
-  // rotation `which(h)` (a [d][d] matrix given as W = Rᵀ, y = x·Wᵀ).
-  template <typename Which>
-  void RotateHeads(const float* x, int64_t x_stride, int T, int heads, float* y, int64_t y_stride,
-                   Which which);
+  // One rotation of activations per head: y [T][..] = x [T][..] · R for `heads` blocks of
+  // head_dim columns, head h using rotation[h / heads_per_rotation] (each [d][d], given as
+  // W = Rᵀ so that y = x·Wᵀ).
+  struct Rotation {
+    const float* x;
+    int64_t x_stride;
+    int heads;
+    float* y;
+    int64_t y_stride;
+    const float* const* rotations;
+    int heads_per_rotation;
+  };
+  // Runs the rotations (each over T rows) as one parallel loop, a task per head.
+  void RotateHeads(int T, std::initializer_list<Rotation> rotations);
   WeightView RotationView(const float* w) const {
     const int d = cfg_.head_dim;
     return WeightView{WeightFormat::kF32, d, d, reinterpret_cast<const uint8_t*>(w)};
   }
-  const float* KRotT(int layer, int h) const {  // R_Kᵀ
-    return rot_t_.data() + (int64_t{layer} * cfg_.num_kv_heads + h) * cfg_.head_dim * cfg_.head_dim;
-  }
-  const float* VRotT(int layer, int h) const {  // R_Vᵀ
-    const int64_t n = int64_t{cfg_.num_layers} * cfg_.num_kv_heads;
-    return rot_t_.data() +
-           (n + int64_t{layer} * cfg_.num_kv_heads + h) * cfg_.head_dim * cfg_.head_dim;
-  }
+  // Per layer, the [kv_heads] rotations as weight matrices: R_Kᵀ, R_Vᵀ, and R_V itself.
+  const float* const* KRotT(int layer) const { return rot_ptrs_.data() + layer * 3 * kv_heads(); }
+  const float* const* VRotT(int layer) const { return KRotT(layer) + kv_heads(); }
+  const float* const* VRot(int layer) const { return KRotT(layer) + 2 * kv_heads(); }
+  int kv_heads() const { return cfg_.num_kv_heads; }
 
   const model::LoadedModel& model_;
   const ModelConfig& cfg_;
@@ -180,12 +196,18 @@ class CpuBackend final : public Backend {
   std::vector<LayerViews> layers_;
   std::vector<float> inv_freq_;
   std::vector<float> rot_t_;  // R_Kᵀ then R_Vᵀ, [2][layers][kv_heads][d][d]; empty if identity
+  std::vector<const float*> rot_ptrs_;  // [layers][R_Kᵀ, R_Vᵀ, R_V][kv_heads]
   struct Task {
     const Product* product;
     int64_t row_begin;
     int64_t row_end;
   };
   std::vector<Task> tasks_;  // reused by Products
+  struct RotationTask {
+    const Rotation* rotation;
+    int head;
+  };
+  std::vector<RotationTask> rotation_tasks_;  // reused by RotateHeads
 };
 
 void CpuBackend::Products(const float* x, int T, int64_t x_stride,
@@ -225,13 +247,17 @@ void CpuBackend::Products(const float* x, int T, int64_t x_stride,
   });
 }
 
-template <typename Which>
-void CpuBackend::RotateHeads(const float* x, int64_t x_stride, int T, int heads, float* y,
-                             int64_t y_stride, Which which) {
+void CpuBackend::RotateHeads(int T, std::initializer_list<Rotation> rotations) {
   const int d = cfg_.head_dim;
-  pool_.ParallelFor(heads, [&](int h, int) {
-    kernels::cpu::MatmulRows(isa_, RotationView(which(h)), x + h * d, T, x_stride, 0, d, y + h * d,
-                             y_stride);
+  rotation_tasks_.clear();
+  for (const Rotation& r : rotations) {
+    for (int h = 0; h < r.heads; ++h) rotation_tasks_.push_back(RotationTask{&r, h});
+  }
+  pool_.ParallelFor(static_cast<int>(rotation_tasks_.size()), [&](int task, int) {
+    const Rotation& r = *rotation_tasks_[task].rotation;
+    const int h = rotation_tasks_[task].head;
+    kernels::cpu::MatmulRows(isa_, RotationView(r.rotations[h / r.heads_per_rotation]), r.x + h * d,
+                             T, r.x_stride, 0, d, r.y + h * d, r.y_stride);
   });
 }
 
@@ -365,12 +391,11 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
     if (rot_.identity) {
       qr = q;
     } else {
-      RotateHeads(q.data(), qdim, T, nh, qr.data(), qdim,
-                  [&](int h) { return KRotT(layer, h / group); });
-      RotateHeads(k.data(), kvdim, T, nkv, kr.data(), kvdim,
-                  [&](int h) { return KRotT(layer, h); });
-      RotateHeads(v.data(), kvdim, T, nkv, vr.data(), kvdim,
-                  [&](int h) { return VRotT(layer, h); });
+      const float* const* k_rot = KRotT(layer);
+      const float* const* v_rot = VRotT(layer);
+      RotateHeads(T, {{q.data(), qdim, nh, qr.data(), qdim, k_rot, group},
+                      {k.data(), kvdim, nkv, kr.data(), kvdim, k_rot, 1},
+                      {v.data(), kvdim, nkv, vr.data(), kvdim, v_rot, 1}});
       k_in = kr.data();
       v_in = vr.data();
     }
@@ -404,8 +429,7 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
     // Back from rotated value space: o = o'·R_Vᵀ.
     const float* o_in = attn.data();
     if (!rot_.identity) {
-      RotateHeads(attn.data(), qdim, T, nh, o.data(), qdim,
-                  [&](int h) { return rot_.v(layer, h / group); });
+      RotateHeads(T, {{attn.data(), qdim, nh, o.data(), qdim, VRot(layer), group}});
       o_in = o.data();
     }
     // x += o·Woᵀ

@@ -16,8 +16,7 @@ void InitAttentionState(int rows, const AttentionState& st) {
   std::fill(st.m, st.m + rows, -std::numeric_limits<float>::infinity());
   std::fill(st.l, st.l + rows, 0.0f);
   std::fill(st.acc, st.acc + int64_t{rows} * d, 0.0f);
-  std::fill(st.lanes, st.lanes + rows * AttentionState::LaneFloats(d), 0.0f);
-  std::fill(st.lanes_used, st.lanes_used + rows, 0);
+  std::fill(st.lanes_used, st.lanes_used + rows, 0);  // lanes are zeroed when first used
 }
 
 void AttendBlock(CpuIsa isa, const KvGeometry& g, const KvBlockPair& block, const QueryRows& q,

@@ -74,7 +74,7 @@ struct AttentionState {
   static constexpr int64_t LaneFloats(int head_dim) { return int64_t{head_dim} * 17; }
 };
 
-// Starts `rows` states: m = -inf, l = 0, acc = 0, lanes = 0.
+// Starts `rows` states: m = -inf, l = 0, acc = 0, no lanes in use.
 void InitAttentionState(int rows, const AttentionState& state);
 
 // Adds the block's tokens to each row's state. g gives head_dim and group_size (INT2).

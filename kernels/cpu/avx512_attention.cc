@@ -340,7 +340,12 @@ void ValuesInt2(const uint8_t* block, BlockFormat f, int ntok, const float (*p)[
   __m512 w[kRowChunk][NSET][2][NGP];
   for (int r = 0; r < nr; ++r) {
     float* lanes = st.lanes + r * AttentionState::LaneFloats(D);
-    st.lanes_used[r] = 1;
+    if (!st.lanes_used[r]) {  // zeroed on first use, so rows that never see INT2 pay nothing
+      for (int64_t i = 0; i < AttentionState::LaneFloats(D); i += 16) {
+        _mm512_store_ps(lanes + i, _mm512_setzero_ps());
+      }
+      st.lanes_used[r] = 1;
+    }
     __m512 pn[4];
     for (int i = 0; i < 4; ++i) pn[i] = _mm512_load_ps(p[r] + 16 * i);
     for (int set = 0; set < NSET; ++set) {

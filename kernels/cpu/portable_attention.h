@@ -120,7 +120,10 @@ void ValuesInt2(const KvGeometry& g, const KvBlockPair& b, const float* p, int r
   }
   for (int r = 0; r < rows; ++r) {
     float* lanes = st.lanes + r * AttentionState::LaneFloats(d);
-    st.lanes_used[r] = 1;
+    if (!st.lanes_used[r]) {  // zeroed on first use, so rows that never see INT2 pay nothing
+      std::fill(lanes, lanes + AttentionState::LaneFloats(d), 0.0f);
+      st.lanes_used[r] = 1;
+    }
     const float* pr = p + int64_t{r} * 64;
     for (int gi = 0; gi < ng; ++gi) {
       float* o = lanes + 64 * 16 + gi * 16;
