@@ -147,7 +147,8 @@ start() {
   [[ -x $binary ]] || { echo "cluster: $binary not found; build it: scripts/build.sh $(binary_of "$name")" >&2; exit 1; }
   log=$(log_file "$name")
   echo "--- scripts/cluster.sh: starting $name at $(date '+%F %T') ---" >>"$log"
-  # One BLAS thread per worker: two workers share two cores.
+  # One engine thread per worker (the engine follows OPENBLAS_NUM_THREADS): two workers share
+  # two cores.
   # shellcheck disable=SC2046  # args_of prints flags without spaces in them
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 setsid "$binary" $(args_of "$name") \
     >>"$log" 2>&1 </dev/null &
