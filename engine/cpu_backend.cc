@@ -13,6 +13,7 @@
 #include "core/status_macros.h"
 #include "engine/attention.h"
 #include "engine/thread_pool.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/scratch.h"
@@ -41,10 +42,38 @@ WeightFormat FormatOf(model::GgmlType type) {
       return WeightFormat::kQ4_0;
     case model::GgmlType::kQ4_1:
       return WeightFormat::kQ4_1;
-    default:
+    // The loaders accept no other matrix type (model::CanDequantize); one that starts to must
+    // get a kernel here.
+    case model::GgmlType::kQ5_0:
+    case model::GgmlType::kQ5_1:
+    case model::GgmlType::kQ8_1:
+    case model::GgmlType::kQ2_K:
+    case model::GgmlType::kQ3_K:
+    case model::GgmlType::kQ4_K:
+    case model::GgmlType::kQ5_K:
+    case model::GgmlType::kQ6_K:
+    case model::GgmlType::kQ8_K:
+    case model::GgmlType::kIQ2_XXS:
+    case model::GgmlType::kIQ2_XS:
+    case model::GgmlType::kIQ3_XXS:
+    case model::GgmlType::kIQ1_S:
+    case model::GgmlType::kIQ4_NL:
+    case model::GgmlType::kIQ3_S:
+    case model::GgmlType::kIQ2_S:
+    case model::GgmlType::kIQ4_XS:
+    case model::GgmlType::kI8:
+    case model::GgmlType::kI16:
+    case model::GgmlType::kI32:
+    case model::GgmlType::kI64:
+    case model::GgmlType::kF64:
+    case model::GgmlType::kIQ1_M:
+    case model::GgmlType::kTQ1_0:
+    case model::GgmlType::kTQ2_0:
+    case model::GgmlType::kMXFP4:
+    case model::GgmlType::kNVFP4:
+    case model::GgmlType::kQ1_0:
       break;
   }
-  // The loaders accept no other matrix type (CanDequantize).
   KV_CHECK(false) << "weight type " << model::GetGgmlTypeInfo(type).name << " has no CPU kernel";
   return WeightFormat::kF32;
 }
@@ -314,7 +343,7 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
   std::vector<float> q(static_cast<size_t>(T) * qdim), k(static_cast<size_t>(T) * kvdim),
       v(static_cast<size_t>(T) * kvdim), qr(q.size()), attn(q.size()), o(q.size());
   std::vector<float> kr(k.size()), vr(v.size());
-  std::vector<float> gate(static_cast<size_t>(T) * inter), up(gate.size());
+  std::vector<float> gate(static_cast<size_t>(T) * inter), up(gate.size()), silu(gate.size());
   std::vector<float> cos(static_cast<size_t>(T) * (d / 2)), sin(cos.size());
 
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -438,10 +467,10 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
     Products(hn.data(), T, H,
              {{&w.w_gate, nullptr, gate.data(), inter, false},
               {&w.w_up, nullptr, up.data(), inter, false}});
-    for (size_t j = 0; j < gate.size(); ++j) {
-      const float g = gate[j];
-      gate[j] = g / (1.0f + std::exp(-g)) * up[j];
-    }
+    // SwiGLU: silu(g)·up = g / (1 + exp(-g))·up, with the kernels' vectorised exp.
+    for (size_t j = 0; j < gate.size(); ++j) silu[j] = -gate[j];
+    kernels::cpu::ExpInPlace(isa_, silu.data(), static_cast<int>(silu.size()));
+    for (size_t j = 0; j < gate.size(); ++j) gate[j] = gate[j] / (1.0f + silu[j]) * up[j];
     Products(gate.data(), T, inter, {{&w.w_down, nullptr, x.data(), H, true}});
   }
 
