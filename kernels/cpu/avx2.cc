@@ -1,5 +1,6 @@
-// The portable kernels compiled for AVX2, FMA and F16C (see portable_matmul.h); CMake gives
-// this file those flags, and the dispatcher calls it only where CpuSupports(kAvx2).
+// The portable attention compiled for AVX2, FMA and F16C (portable_attention.h); the products
+// are avx2_matmul.cc. CMake gives both files those flags, and the dispatcher calls them only
+// where CpuSupports(kAvx2).
 
 #include <algorithm>
 #include <cmath>
@@ -15,8 +16,5 @@ namespace kvstrata::kernels::cpu::avx2 {
 namespace {
 inline uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 }  // namespace
-// clang-format off
-#include "kernels/cpu/portable_matmul.h"
 #include "kernels/cpu/portable_attention.h"
-// clang-format on
 }  // namespace kvstrata::kernels::cpu::avx2

@@ -8,7 +8,8 @@ namespace kvstrata::kernels::cpu {
 
 enum class CpuIsa {
   kPortable,  // plain C++, vectorised by the compiler for the build's baseline (x86-64: SSE2)
-  kAvx2,      // the same C++ compiled for AVX2, FMA and F16C (x86-64-v3, most laptops)
+  kAvx2,      // AVX2, FMA and F16C (x86-64-v3, most laptops): hand-written products, the
+              // portable attention compiled for it
   kAvx512,    // hand-written AVX-512 F/BW/VL/VBMI (Intel Ice Lake and later, AMD Zen 4 and later)
 };
 
