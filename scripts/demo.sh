@@ -3,8 +3,8 @@
 # cluster on the CPU (a kvstore, a router with prefix-affinity routing and two decode workers;
 # scripts/cluster.sh) and sends it chat requests that share one long system prompt
 # (`kvstrata demo-chat`): each answer, the worker that served it, the prompt tokens found cached
-# on that worker or in the kvstore, the cache hit ratio and the time to first token. Then it shows
-# a few kvstrata_* lines from each /metrics endpoint and stops the cluster.
+# on that worker or in the kvstore, the cache hit ratio, the time to first token and the decode
+# speed. Then it shows a few kvstrata_* lines from each /metrics endpoint and stops the cluster.
 #
 #   scripts/demo.sh [--keep-running] [demo-chat flags, e.g. --requests=6 --max-tokens=64]
 #
