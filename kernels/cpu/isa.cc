@@ -2,7 +2,23 @@
 
 #include <initializer_list>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace kvstrata::kernels::cpu {
+namespace {
+
+#if defined(__x86_64__)
+// F16C (CPUID leaf 1, ECX bit 29), asked of the CPU itself: clang's __builtin_cpu_supports does
+// not know the name.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
+}  // namespace
 
 const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
@@ -22,8 +38,7 @@ bool CpuSupports(CpuIsa isa) {
       return true;
     case CpuIsa::kAvx2:
 #if defined(__x86_64__)
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
 #else
       return false;
 #endif
