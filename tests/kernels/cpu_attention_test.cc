@@ -42,10 +42,13 @@ const char* FormatName(BlockFormat f) {
 }
 
 // A block pair of `format` holding `tokens` random rows (K with a few outlier channels, as
-// real keys have), in its own storage.
+// real keys have), in its own storage. The view is made on demand, so a copy never points into
+// the block it was copied from.
 struct OwnedBlock {
   std::vector<uint8_t> k, v;
-  KvBlockPair pair;
+  BlockFormat format = BlockFormat::kBf16;
+  int tokens = 0;
+  KvBlockPair pair() const { return KvBlockPair{format, k.data(), v.data(), tokens}; }
 };
 
 OwnedBlock MakeBlock(const KvGeometry& g, BlockFormat format, int tokens, std::mt19937& rng) {
@@ -78,7 +81,8 @@ OwnedBlock MakeBlock(const KvGeometry& g, BlockFormat format, int tokens, std::m
         break;
     }
   }
-  b.pair = KvBlockPair{format, b.k.data(), b.v.data(), tokens};
+  b.format = format;
+  b.tokens = tokens;
   return b;
 }
 
@@ -110,7 +114,7 @@ std::vector<float> RunBlocks(CpuIsa isa, const KvGeometry& g, const std::vector<
   for (int b = 0; b < nb; ++b) {
     std::vector<int> vis(rows);
     for (int r = 0; r < rows; ++r) vis[r] = visible[r * nb + b];
-    AttendBlock(isa, g, blocks[b].pair, QueryRows{q.data(), rows, vis.data(), scale}, st.view);
+    AttendBlock(isa, g, blocks[b].pair(), QueryRows{q.data(), rows, vis.data(), scale}, st.view);
   }
   FinishAttentionState(isa, g, rows, st.view);
   std::vector<float> out(static_cast<size_t>(rows) * d);
@@ -146,13 +150,13 @@ TEST_P(CpuAttentionTest, MatchesTheDoubleReferenceOnEveryPath) {
     for (float& x : q) x = 0.7f * normal(rng);
     std::vector<int> visible(static_cast<size_t>(rows) * nb);
     for (int r = 0; r < rows; ++r) {
-      for (int b = 0; b < nb; ++b) visible[r * nb + b] = blocks[b].pair.num_tokens;
+      for (int b = 0; b < nb; ++b) visible[r * nb + b] = blocks[b].tokens;
       visible[r * nb + nb - 1] = 1 + (r * 7) % 37;   // causal: rows stop at different tokens
       if (r % 4 == 1) visible[r * nb + nb - 1] = 0;  // and some do not reach the last block
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     std::vector<KvBlockPair> pairs;
-    for (const OwnedBlock& b : blocks) pairs.push_back(b.pair);
+    for (const OwnedBlock& b : blocks) pairs.push_back(b.pair());
     std::vector<float> want(static_cast<size_t>(rows) * d);
     AttendBlocksRef(g, pairs.data(), nb, q.data(), rows, visible.data(), scale, want.data());
     for (const CpuIsa isa : Isas()) {
@@ -179,8 +183,7 @@ TEST_P(CpuAttentionTest, ARowsResultDependsOnItsOwnTokensOnly) {
                                     MakeBlock(g, c.history, 64, rng)};
   OwnedBlock last_full = MakeBlock(g, BlockFormat::kBf16, 64, rng);
   OwnedBlock last_short = last_full;
-  last_short.pair = KvBlockPair{BlockFormat::kBf16, last_short.k.data(), last_short.v.data(), 20};
-  last_full.pair = KvBlockPair{BlockFormat::kBf16, last_full.k.data(), last_full.v.data(), 64};
+  last_short.tokens = 20;
   const int rows = 11, target = 6;
   std::vector<float> q(static_cast<size_t>(rows) * d);
   for (float& x : q) x = normal(rng);
