@@ -4,9 +4,8 @@
 // operations so a decode step can afford a loop per matrix (a few microseconds of work each).
 //
 // Workers spin for a short while after a loop (the next one usually follows within
-// microseconds) and then sleep on a futex, so an idle engine costs no CPU. All math libraries
-// the backend calls run single-threaded inside these loops (OpenBLAS included), so threads never
-// oversubscribe the cores.
+// microseconds) and then sleep on a futex, so an idle engine costs no CPU. The backend calls no
+// threaded library inside these loops, so its threads never oversubscribe the cores.
 
 #include <atomic>
 #include <cstdint>
