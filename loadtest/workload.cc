@@ -114,36 +114,57 @@ std::string TextSlice(std::string_view text, size_t at, int tokens) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<RequestSpec>> SharedPrefixRequests(const SharedPrefixOptions& o,
-                                                             std::string_view text) {
-  if (o.groups < 1 || o.prompts_per_group < 1) {
-    return absl::InvalidArgumentError("--groups and --prompts_per_group must be >= 1");
-  }
-  if (o.system_tokens < 1 || o.question_tokens < 1) {
+namespace {
+
+// `groups` x `per_group` chat requests over `text`, group by group: each group its own system
+// prompt, each request its own question. As sessions, a group is a conversation and its
+// requests are the turns in order.
+absl::StatusOr<std::vector<RequestSpec>> GroupedChats(int groups, int per_group,
+                                                      int system_tokens, int question_tokens,
+                                                      uint32_t max_tokens, bool sessions,
+                                                      std::string_view text,
+                                                      std::mt19937_64& rng) {
+  if (system_tokens < 1 || question_tokens < 1) {
     return absl::InvalidArgumentError("--system_tokens and --question_tokens must be >= 1");
   }
   if (text.size() < 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("the text file holds ", text.size(), " bytes; at least 4096 are needed"));
   }
-  std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<size_t> offset(0, text.size() - 1);
   std::vector<RequestSpec> out;
-  for (int g = 0; g < o.groups; ++g) {
-    const std::string system =
-        absl::StrCat("You are assistant number ", g, ". Background: ",
-                     TextSlice(text, offset(rng), o.system_tokens));
-    for (int p = 0; p < o.prompts_per_group; ++p) {
+  for (int g = 0; g < groups; ++g) {
+    const std::string system = absl::StrCat("You are assistant number ", g, ". Background: ",
+                                            TextSlice(text, offset(rng), system_tokens));
+    for (int p = 0; p < per_group; ++p) {
       RequestSpec r;
       r.messages = {{"system", system},
-                    {"user", absl::StrCat("Summarise this: ",
-                                          TextSlice(text, offset(rng), o.question_tokens))}};
-      r.max_tokens = o.max_tokens;
-      r.group = absl::StrCat("g", g);
+                    {"user", absl::StrCat(sessions && p > 0 ? "And this: " : "Summarise this: ",
+                                          TextSlice(text, offset(rng), question_tokens))}};
+      r.max_tokens = max_tokens;
+      r.group = absl::StrCat(sessions ? "s" : "g", g);
+      if (sessions) {
+        r.session = g;
+        r.turn = p;
+      }
       out.push_back(std::move(r));
     }
   }
-  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RequestSpec>> SharedPrefixRequests(const SharedPrefixOptions& o,
+                                                             std::string_view text) {
+  if (o.groups < 1 || o.prompts_per_group < 1) {
+    return absl::InvalidArgumentError("--groups and --prompts_per_group must be >= 1");
+  }
+  std::mt19937_64 rng(o.seed);
+  absl::StatusOr<std::vector<RequestSpec>> out =
+      GroupedChats(o.groups, o.prompts_per_group, o.system_tokens, o.question_tokens,
+                   o.max_tokens, /*sessions=*/false, text, rng);
+  if (out.ok()) std::shuffle(out->begin(), out->end(), rng);  // groups interleave
   return out;
 }
 
@@ -152,32 +173,9 @@ absl::StatusOr<std::vector<RequestSpec>> SessionRequests(const SessionOptions& o
   if (o.sessions < 1 || o.turns < 1) {
     return absl::InvalidArgumentError("--sessions and --turns must be >= 1");
   }
-  if (o.system_tokens < 1 || o.question_tokens < 1) {
-    return absl::InvalidArgumentError("--system_tokens and --question_tokens must be >= 1");
-  }
-  if (text.size() < 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the text file holds ", text.size(), " bytes; at least 4096 are needed"));
-  }
   std::mt19937_64 rng(o.seed);
-  std::uniform_int_distribution<size_t> offset(0, text.size() - 1);
-  std::vector<RequestSpec> out;
-  for (int s = 0; s < o.sessions; ++s) {
-    const std::string system = absl::StrCat("You are assistant number ", s, ". Background: ",
-                                            TextSlice(text, offset(rng), o.system_tokens));
-    for (int t = 0; t < o.turns; ++t) {
-      RequestSpec r;
-      r.messages = {{"system", system},
-                    {"user", absl::StrCat(t == 0 ? "Summarise this: " : "And this: ",
-                                          TextSlice(text, offset(rng), o.question_tokens))}};
-      r.max_tokens = o.max_tokens;
-      r.group = absl::StrCat("s", s);
-      r.session = s;
-      r.turn = t;
-      out.push_back(std::move(r));
-    }
-  }
-  return out;
+  return GroupedChats(o.sessions, o.turns, o.system_tokens, o.question_tokens, o.max_tokens,
+                      /*sessions=*/true, text, rng);
 }
 
 std::vector<double> GammaArrivals(int64_t n, double rate, double burstiness, uint64_t seed) {
