@@ -3,11 +3,13 @@
 # (98 MB) is larger than one transfer to that machine may be, so the run comes in steps that
 # share /tmp/kvstrata-gpu on the same (warm) machine:
 #
-#   here:   scripts/build.sh && bench/gpu_session.sh pack      # .devpack/: binaries, model halves
+#   here:   scripts/build.sh && bench/gpu_session.sh pack      # .devpack/: binaries, model parts
 #   there:  bench/gpu_session.sh kernels   (carry .devpack/bin.tar.xz .devpack/model.0)
-#   there:  bench/gpu_session.sh engine    (carry .devpack/model.1 .devpack/model.sha256)
+#   there:  bench/gpu_session.sh stage 1   (carry .devpack/model.1; one call per middle part)
+#   there:  bench/gpu_session.sh engine    (carry .devpack/model.N .devpack/model.sha256, N last)
 #
-# kernels: unpacks the binaries, keeps the first half of the model, runs the kernel GPU tests.
+# pack prints the calls it needs. kernels: unpacks the binaries, keeps the first part of the
+# model, runs the kernel GPU tests. stage: keeps one more part.
 # engine:  joins the model (checked against its SHA-256), runs the CUDA engine test against the
 #          CPU engine, `kvstrata bench-engine --device cuda` (batch 1, 8, 32, both formats), and
 #          a local cluster whose two decode workers serve from the GPU (demo-chat through the
@@ -15,7 +17,7 @@
 #          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bench/gpu_session.sh pack|kernels|engine}
+step=${1:?usage: bench/gpu_session.sh pack|kernels|stage N|engine}
 work=/tmp/kvstrata-gpu
 out=${OUT:-bench-out}
 mkdir -p "$out"
@@ -30,12 +32,17 @@ case $step in
     mkdir -p .devpack
     grep -qxF "/.devpack/" .git/info/exclude || echo "/.devpack/" >>.git/info/exclude
     tar cf - -C .device . | xz -T0 -6 >.devpack/bin.tar.xz
-    # The first part travels with the binaries, the second alone: 40 MiB keeps both calls under
-    # the 64 MiB a transfer may hold, the repository included.
-    half=$((40 << 20))
-    head -c "$half" "$model" >.devpack/model.0
-    tail -c +$((half + 1)) "$model" >.devpack/model.1
+    # A transfer to that machine holds 64 MiB, the repository (~10 MB) included: the first
+    # part travels with the binaries, the others one per call.
+    rm -f .devpack/model.[0-9]*
+    first=$((36 << 20))
+    head -c "$first" "$model" >.devpack/model.0
+    tail -c +$((first + 1)) "$model" | split -b $((40 << 20)) -d -a 1 --numeric-suffixes=1 - .devpack/model.
     sha256sum "$model" | cut -d' ' -f1 >.devpack/model.sha256
+    last=$(ls .devpack/model.[0-9]* | sed 's/.*model\.//' | sort -n | tail -1)
+    echo "calls: kernels (carry .devpack/bin.tar.xz .devpack/model.0)"
+    for ((i = 1; i < last; i++)); do echo "       stage $i (carry .devpack/model.$i)"; done
+    echo "       engine (carry .devpack/model.$last .devpack/model.sha256)"
     du -sh .devpack/*
     ;;
   kernels)
@@ -53,9 +60,14 @@ case $step in
     done
     exit $status
     ;;
+  stage)
+    part=${2:?usage: bench/gpu_session.sh stage N}
+    cp ".devpack/model.$part" "$work/"
+    ;;
   engine)
     source "$work/device/env.sh"
-    cat "$work/model.0" .devpack/model.1 >"$work/model.gguf"
+    cp .devpack/model.[0-9]* "$work/"
+    cat $(ls "$work"/model.[0-9]* | sort -t. -k2 -n) >"$work/model.gguf"
     if ! echo "$(cat .devpack/model.sha256)  $work/model.gguf" | sha256sum -c --quiet; then
       echo "gpu_session: the joined model does not match its SHA-256" >&2
       exit 1
