@@ -10,7 +10,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
+#include "core/page_digest.h"
 #include "core/page_format.h"
+#include "core/status_macros.h"
 
 namespace kvstrata::kvstore {
 namespace {
@@ -52,12 +54,14 @@ const char* PageFormName(PageForm form) {
 }
 
 PageStore::PageStore(const PageStoreOptions& options, const Clock* clock)
-    : options_(options), clock_(clock), epoch_(RandomEpoch()) {
+    : options_(options), clock_(clock), epoch_(RandomEpoch()), fast_(options.fast_tier) {
   KV_CHECK(clock_ != nullptr);
   KV_CHECK(options_.event_backlog > 0);
+  if (fast_ != nullptr) fast_ranges_.emplace(fast_->size());
 }
 
-absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta, std::vector<uint8_t> bytes) {
+absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta_in, std::vector<uint8_t> bytes) {
+  PageMeta meta = meta_in;
   const std::string key_hex = meta.key.ToHex();
   // Validation that needs no lock: checksum and page header.
   if (bytes.size() != meta.byte_length) {
@@ -98,11 +102,14 @@ absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta, std::vector<uint8
                                                    PageFormName(meta.form), " but the bytes are ",
                                                    PageEncodingName(parsed->encoding)));
   }
-  if (meta.byte_length > options_.capacity_bytes) {
+  const uint64_t largest_tier =
+      std::max<uint64_t>(options_.capacity_bytes, fast_ != nullptr ? fast_ranges_->size() : 0);
+  if (meta.byte_length > largest_tier) {
     return absl::ResourceExhaustedError(absl::StrCat("page ", key_hex, ": ", meta.byte_length,
                                                      " bytes exceed the store capacity of ",
-                                                     options_.capacity_bytes));
+                                                     largest_tier));
   }
+  meta.digest64 = PageDigest64(bytes.data(), bytes.size());
 
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_->Now();
@@ -111,7 +118,7 @@ absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta, std::vector<uint8
   auto it = entries_.find(meta.key);
   const bool is_recent = meta.form == PageForm::kBf16Recent;
   if (is_recent) {
-    if (it == entries_.end() || it->second.primary.form != PageForm::kInt2) {
+    if (it == entries_.end() || it->second.primary.meta.form != PageForm::kInt2) {
       return absl::FailedPreconditionError(
           absl::StrCat("page ", key_hex, ": BF16_RECENT copy without its INT2 primary"));
     }
@@ -121,9 +128,9 @@ absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta, std::vector<uint8
       return result;
     }
   } else if (it != entries_.end()) {
-    if (it->second.primary.form != meta.form) {
+    if (it->second.primary.meta.form != meta.form) {
       return absl::FailedPreconditionError(absl::StrCat("page ", key_hex, ": stored as ",
-                                                        PageFormName(it->second.primary.form),
+                                                        PageFormName(it->second.primary.meta.form),
                                                         ", not ", PageFormName(meta.form)));
     }
     result.duplicate = true;
@@ -137,39 +144,37 @@ absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta, std::vector<uint8
       return absl::FailedPreconditionError(
           absl::StrCat("page ", key_hex, ": parent page ", meta.parent_key.ToHex(), " is absent"));
     }
-    if (parent->second.primary.page_index + 1 != meta.page_index) {
+    if (parent->second.primary.meta.page_index + 1 != meta.page_index) {
       return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": page_index ",
                                                      meta.page_index, " does not follow parent's ",
-                                                     parent->second.primary.page_index));
+                                                     parent->second.primary.meta.page_index));
     }
   }
   // Never evict the parent we attach to, nor (for a copy) the primary it belongs to.
   const PageKey* keep = is_recent ? &meta.key : (has_parent ? &meta.parent_key : nullptr);
-  absl::Status room = MakeRoomLocked(meta.byte_length, keep, &result.evicted);
-  if (!room.ok()) {
+  absl::StatusOr<Copy> copy = PlaceLocked(meta, std::move(bytes), keep, &result.evicted);
+  if (!copy.ok()) {
     fprintf(stderr, "kvstore: put of page %s (%s) refused: %s\n", key_hex.c_str(),
-            PageFormName(meta.form), std::string(room.message()).c_str());
-    return room;
+            PageFormName(meta.form), std::string(copy.status().message()).c_str());
+    return copy.status();
   }
-
-  auto shared = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
   if (is_recent) {
-    Entry& entry = entries_[meta.key];
-    entry.recent = meta;
-    entry.recent_bytes = std::move(shared);
+    Entry& entry = entries_.at(meta.key);
+    IndexFastLocked(meta.key, entry, /*insert=*/false);
+    entry.recent = *std::move(copy);
+    IndexFastLocked(meta.key, entry, /*insert=*/true);
     ++recent_copies_;
   } else {
     if (has_parent) {
-      Entry& parent = entries_[meta.parent_key];
+      Entry& parent = entries_.at(meta.parent_key);
       if (parent.children++ == 0) leaves_.erase({parent.last_use, meta.parent_key});
     }
     Entry& entry = entries_[meta.key];
-    entry.primary = meta;
-    entry.primary_bytes = std::move(shared);
+    entry.primary = *std::move(copy);
     entry.last_use = ++use_tick_;
     leaves_.insert({entry.last_use, meta.key});
+    IndexFastLocked(meta.key, entry, /*insert=*/true);
   }
-  bytes_used_ += meta.byte_length;
   ++stats_.pages_stored_total;
   result.stored = true;
   AppendEventLocked({.time = now, .kind = PageEvent::Kind::kStored, .page = meta});
@@ -187,11 +192,12 @@ absl::StatusOr<LookupResult> PageStore::Lookup(const std::vector<PageKey>& keys,
     if (it == entries_.end()) break;
     Entry& entry = it->second;
     TouchLocked(key, entry);
-    PageInfo info{
-        .key = key, .primary_form = entry.primary.form, .primary_bytes = entry.primary.byte_length};
+    PageInfo info{.key = key,
+                  .primary_form = entry.primary.meta.form,
+                  .primary_bytes = entry.primary.meta.byte_length};
     if (entry.recent.has_value()) {
       info.has_bf16_recent = true;
-      info.bf16_recent_bytes = entry.recent->byte_length;
+      info.bf16_recent_bytes = entry.recent->meta.byte_length;
     }
     result.pages.push_back(info);
   }
@@ -279,8 +285,10 @@ absl::StatusOr<StoredPage> PageStore::Fetch(const PageKey& key, bool bf16_recent
       return absl::NotFoundError(absl::StrCat("page ", key.ToHex(), " has no BF16_RECENT copy"));
     }
     TouchLocked(key, entry);
-    page = bf16_recent ? StoredPage{*entry.recent, entry.recent_bytes}
-                       : StoredPage{entry.primary, entry.primary_bytes};
+    const Copy& copy = bf16_recent ? *entry.recent : entry.primary;
+    KV_ASSIGN_OR_RETURN(page.bytes, BytesLocked(copy));
+    page.meta = copy.meta;
+    if (copy.in_fast()) ++stats_.fetched_fast_pages_total;
   }
   // Hash outside the lock: the bytes are immutable and shared.
   if (Checksum(*page.bytes) != page.meta.checksum_xxh3_64) {
@@ -306,8 +314,13 @@ PageStoreStats PageStore::Stats() {
   PageStoreStats stats = stats_;
   stats.pages = entries_.size();
   stats.bf16_recent_copies = recent_copies_;
-  stats.bytes_used = bytes_used_;
-  stats.bytes_capacity = options_.capacity_bytes;
+  stats.bytes_used = bytes_used_ + fast_bytes_used_;
+  stats.bytes_capacity = options_.capacity_bytes + (fast_ != nullptr ? fast_ranges_->size() : 0);
+  stats.host_bytes_used = bytes_used_;
+  stats.host_forms = host_forms_;
+  stats.fast_bytes_used = fast_bytes_used_;
+  stats.fast_forms = fast_forms_;
+  stats.fast_bytes_capacity = fast_ != nullptr ? fast_ranges_->size() : 0;
   stats.pinned_pages = pinned_pages_;
   stats.active_leases = static_cast<uint32_t>(leases_.size());
   stats.last_event_sequence = last_sequence_;
@@ -324,13 +337,13 @@ std::pair<std::vector<PageEvent>, uint64_t> PageStore::Snapshot() {
                       .time = now,
                       .snapshot = true,
                       .kind = PageEvent::Kind::kStored,
-                      .page = entry.primary});
+                      .page = entry.primary.meta});
     if (entry.recent.has_value()) {
       events.push_back({.sequence = last_sequence_,
                         .time = now,
                         .snapshot = true,
                         .kind = PageEvent::Kind::kStored,
-                        .page = *entry.recent});
+                        .page = entry.recent->meta});
     }
   }
   // A child's page_index is its parent's plus one (checked on Put), so ordering by index puts
@@ -383,33 +396,240 @@ void PageStore::DropLeaseLocked(uint64_t lease_id) {
 
 void PageStore::TouchLocked(const PageKey& key, Entry& entry) {
   if (entry.children == 0) leaves_.erase({entry.last_use, key});
+  IndexFastLocked(key, entry, /*insert=*/false);
   entry.last_use = ++use_tick_;
   if (entry.children == 0) leaves_.insert({entry.last_use, key});
+  IndexFastLocked(key, entry, /*insert=*/true);
 }
 
-absl::Status PageStore::MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint32_t* evicted) {
+void PageStore::IndexFastLocked(const PageKey& key, const Entry& entry, bool insert) {
+  if (!entry.any_fast()) return;
+  if (insert) {
+    fast_lru_.insert({entry.last_use, key});
+  } else {
+    fast_lru_.erase({entry.last_use, key});
+  }
+}
+
+absl::Status PageStore::MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint32_t* evicted,
+                                       bool host_leaves_only) {
   while (bytes_used_ + bytes > options_.capacity_bytes) {
-    // The oldest leaf that is neither leased nor the page being attached to.
+    // The oldest leaf that is neither leased nor kept, holding host bytes if one does.
+    auto evictable = [&](const std::pair<uint64_t, PageKey>& leaf, bool need_host) {
+      const Entry& entry = entries_.at(leaf.second);
+      return entry.pins == 0 && (keep == nullptr || leaf.second != *keep) &&
+             (!need_host || entry.any_host());
+    };
     auto victim = leaves_.begin();
-    while (victim != leaves_.end() &&
-           (entries_.at(victim->second).pins > 0 || (keep != nullptr && victim->second == *keep))) {
-      ++victim;
+    while (victim != leaves_.end() && !evictable(*victim, /*need_host=*/true)) ++victim;
+    if (victim == leaves_.end() && fast_ != nullptr && !host_leaves_only) {
+      victim = leaves_.begin();
+      while (victim != leaves_.end() && !evictable(*victim, /*need_host=*/false)) ++victim;
     }
     if (victim == leaves_.end()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("store full: ", bytes_used_, " of ", options_.capacity_bytes,
-                       " bytes used and no unleased leaf can be evicted; retry later"));
+                       " host bytes used and no unleased leaf can be evicted; retry later"));
     }
     const PageKey key = victim->second;
     fprintf(stderr, "kvstore: evicting page %s to make room for %llu bytes\n", key.ToHex().c_str(),
             static_cast<unsigned long long>(bytes));
-    const uint64_t before = bytes_used_;
+    const uint64_t before = bytes_used_ + fast_bytes_used_;
     RemoveLocked(key, RemovalReason::kEvicted);
     ++stats_.evictions_total;
-    stats_.evicted_bytes_total += before - bytes_used_;
+    stats_.evicted_bytes_total += before - bytes_used_ - fast_bytes_used_;
     ++*evicted;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<PageStore::Copy> PageStore::PlaceLocked(const PageMeta& meta,
+                                                       std::vector<uint8_t> bytes,
+                                                       const PageKey* keep, uint32_t* evicted) {
+  const uint64_t n = bytes.size();
+  if (fast_ != nullptr) {
+    if (std::optional<uint64_t> offset = AllocateFastLocked(n, keep, evicted)) {
+      const absl::Status written = fast_->Write(*offset, bytes.data(), n);
+      if (written.ok()) {
+        fast_bytes_used_ += n;
+        ++fast_forms_;
+        return Copy{.meta = meta, .fast_offset = static_cast<int64_t>(*offset)};
+      }
+      fast_ranges_->Free(*offset, n);
+      fprintf(stderr, "kvstore: page %s not placed in %s, kept in host memory: %s\n",
+              meta.key.ToHex().c_str(), fast_->Describe().c_str(),
+              std::string(written.message()).c_str());
+    }
+  }
+  if (n > options_.capacity_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "page ", meta.key.ToHex(), ": the fast tier is full of leased pages and ", n,
+        " bytes exceed the host tier's capacity of ", options_.capacity_bytes));
+  }
+  KV_RETURN_IF_ERROR(MakeRoomLocked(n, keep, evicted));
+  bytes_used_ += n;
+  ++host_forms_;
+  return Copy{.meta = meta,
+              .host = std::make_shared<const std::vector<uint8_t>>(std::move(bytes))};
+}
+
+std::optional<uint64_t> PageStore::AllocateFastLocked(uint64_t bytes, const PageKey* keep,
+                                                      uint32_t* evicted) {
+  if (bytes > fast_ranges_->size()) return std::nullopt;
+  for (;;) {
+    if (std::optional<uint64_t> offset = fast_ranges_->Allocate(bytes)) return offset;
+    if (!DemoteOneLocked(keep, evicted)) return std::nullopt;
+  }
+}
+
+bool PageStore::DemoteOneLocked(const PageKey* keep, uint32_t* evicted) {
+  auto victim = fast_lru_.begin();
+  while (victim != fast_lru_.end() && (entries_.at(victim->second).pins > 0 ||
+                                       (keep != nullptr && victim->second == *keep))) {
+    ++victim;
+  }
+  if (victim == fast_lru_.end()) return false;
+  const PageKey key = victim->second;
+  uint64_t need = 0;
+  {
+    const Entry& entry = entries_.at(key);
+    if (entry.primary.in_fast()) need += entry.primary.meta.byte_length;
+    if (entry.recent && entry.recent->in_fast()) need += entry.recent->meta.byte_length;
+  }
+  // Room in the host tier; neither the page moving down nor the caller's page may go.
+  // MakeRoomLocked keeps one key: the moving page; the caller's is pinned for the call.
+  uint32_t unused = 0;
+  Entry* kept = nullptr;
+  if (keep != nullptr && *keep != key) {
+    auto it = entries_.find(*keep);
+    if (it != entries_.end()) kept = &it->second;
+  }
+  if (kept != nullptr) ++kept->pins;
+  bool room = MakeRoomLocked(need, &key, evicted != nullptr ? evicted : &unused,
+                             /*host_leaves_only=*/true)
+                  .ok();
+  // The host tier is full of leased pages or parents: drop the page itself if it is a leaf,
+  // else make a host page a leaf by evicting elsewhere.
+  if (!room && entries_.at(key).children != 0) {
+    room = MakeRoomLocked(need, &key, evicted != nullptr ? evicted : &unused).ok();
+  }
+  if (kept != nullptr) --kept->pins;
+  Entry& entry = entries_.at(key);
+  if (!room) {
+    if (entry.children != 0) return false;
+    fprintf(stderr, "kvstore: evicting page %s from %s: no room in host memory\n",
+            key.ToHex().c_str(), fast_->Describe().c_str());
+    const uint64_t before = bytes_used_ + fast_bytes_used_;
+    RemoveLocked(key, RemovalReason::kEvicted);
+    ++stats_.evictions_total;
+    stats_.evicted_bytes_total += before - bytes_used_ - fast_bytes_used_;
+    if (evicted != nullptr) ++*evicted;
+    return true;
+  }
+  IndexFastLocked(key, entry, /*insert=*/false);
+  for (Copy* copy : {&entry.primary, entry.recent ? &*entry.recent : nullptr}) {
+    if (copy == nullptr || !copy->in_fast()) continue;
+    absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> bytes = BytesLocked(*copy);
+    if (!bytes.ok()) {
+      fprintf(stderr, "kvstore: page %s lost moving out of %s: %s\n", key.ToHex().c_str(),
+              fast_->Describe().c_str(), std::string(bytes.status().message()).c_str());
+      IndexFastLocked(key, entry, /*insert=*/true);
+      if (entry.children == 0) RemoveLocked(key, RemovalReason::kCorrupted);
+      return true;
+    }
+    FreeCopyLocked(*copy);
+    copy->fast_offset = -1;
+    copy->host = *std::move(bytes);
+    bytes_used_ += copy->meta.byte_length;
+    ++host_forms_;
+    ++stats_.demotions_total;
+  }
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> PageStore::BytesLocked(
+    const Copy& copy) {
+  if (!copy.in_fast()) return copy.host;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(copy.meta.byte_length);
+  KV_RETURN_IF_ERROR(fast_->Read(static_cast<uint64_t>(copy.fast_offset), bytes->data(),
+                                 bytes->size()));
+  return std::shared_ptr<const std::vector<uint8_t>>(std::move(bytes));
+}
+
+void PageStore::FreeCopyLocked(const Copy& copy) {
+  if (copy.in_fast()) {
+    fast_ranges_->Free(static_cast<uint64_t>(copy.fast_offset), copy.meta.byte_length);
+    fast_bytes_used_ -= copy.meta.byte_length;
+    --fast_forms_;
+  } else {
+    bytes_used_ -= copy.meta.byte_length;
+    --host_forms_;
+  }
+}
+
+absl::StatusOr<std::vector<FastTierPlacement>> PageStore::PlaceInFastTier(
+    const std::vector<std::pair<PageKey, bool>>& forms, uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLeasesLocked(clock_->Now());
+  if (fast_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this kvstore keeps pages in host memory only (start it with --device for a GPU tier)");
+  }
+  auto lease = leases_.find(lease_id);
+  if (lease == leases_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("lease ", lease_id, " is unknown or expired; pin again"));
+  }
+  for (const auto& [key, recent] : forms) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("page ", key.ToHex(), " is absent"));
+    }
+    if (recent && !it->second.recent.has_value()) {
+      return absl::NotFoundError(absl::StrCat("page ", key.ToHex(), " has no BF16_RECENT copy"));
+    }
+    if (!lease->second.keys.contains(key)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("lease ", lease_id, " does not cover page ", key.ToHex()));
+    }
+  }
+  std::vector<FastTierPlacement> placements;
+  placements.reserve(forms.size());
+  for (const auto& [key, recent] : forms) {
+    Entry& entry = entries_.at(key);
+    TouchLocked(key, entry);
+    Copy& copy = recent ? *entry.recent : entry.primary;
+    if (!copy.in_fast()) {
+      const uint64_t n = copy.meta.byte_length;
+      std::optional<uint64_t> offset = AllocateFastLocked(n, &key, nullptr);
+      if (!offset.has_value()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(fast_->Describe(), " is full of leased pages (", fast_bytes_used_, " of ",
+                         fast_ranges_->size(), " bytes); fetch the rest with Fetch"));
+      }
+      // Demotion above removed or moved other entries: look this one up again.
+      Entry& e = entries_.at(key);
+      Copy& c = recent ? *e.recent : e.primary;
+      absl::Status written = fast_->Write(*offset, c.host->data(), n);
+      if (!written.ok()) {
+        fast_ranges_->Free(*offset, n);
+        return written;
+      }
+      IndexFastLocked(key, e, /*insert=*/false);
+      bytes_used_ -= n;
+      --host_forms_;
+      c.host.reset();
+      c.fast_offset = static_cast<int64_t>(*offset);
+      fast_bytes_used_ += n;
+      ++fast_forms_;
+      IndexFastLocked(key, e, /*insert=*/true);
+      ++stats_.promotions_total;
+    }
+    const Entry& e = entries_.at(key);
+    const Copy& c = recent ? *e.recent : e.primary;
+    placements.push_back({.meta = c.meta, .offset = static_cast<uint64_t>(c.fast_offset)});
+  }
+  return placements;
 }
 
 void PageStore::RemoveLocked(const PageKey& key, RemovalReason reason) {
@@ -418,18 +638,23 @@ void PageStore::RemoveLocked(const PageKey& key, RemovalReason reason) {
   Entry& entry = it->second;
   KV_CHECK(entry.children == 0 && entry.pins == 0) << "removing a parent or pinned page";
   const absl::Time now = clock_->Now();
+  IndexFastLocked(key, entry, /*insert=*/false);
   if (entry.recent.has_value()) {
-    bytes_used_ -= entry.recent->byte_length;
+    FreeCopyLocked(*entry.recent);
     --recent_copies_;
-    AppendEventLocked(
-        {.time = now, .kind = PageEvent::Kind::kRemoved, .page = *entry.recent, .reason = reason});
+    AppendEventLocked({.time = now,
+                       .kind = PageEvent::Kind::kRemoved,
+                       .page = entry.recent->meta,
+                       .reason = reason});
   }
-  bytes_used_ -= entry.primary.byte_length;
-  AppendEventLocked(
-      {.time = now, .kind = PageEvent::Kind::kRemoved, .page = entry.primary, .reason = reason});
+  FreeCopyLocked(entry.primary);
+  AppendEventLocked({.time = now,
+                     .kind = PageEvent::Kind::kRemoved,
+                     .page = entry.primary.meta,
+                     .reason = reason});
   leaves_.erase({entry.last_use, key});
-  if (entry.primary.page_index > 0) {
-    auto parent = entries_.find(entry.primary.parent_key);
+  if (entry.primary.meta.page_index > 0) {
+    auto parent = entries_.find(entry.primary.meta.parent_key);
     KV_CHECK(parent != entries_.end()) << "parent of " << key.ToHex();
     if (--parent->second.children == 0) {
       leaves_.insert({parent->second.last_use, parent->first});

@@ -13,6 +13,12 @@
 // - A key has one primary form (BF16 or INT2) and at most one BF16_RECENT copy, which needs an
 //   INT2 primary and goes away with it. Both count against the capacity.
 //
+// Two tiers (docs/kvstore.md#tiers): with a fast tier (the HBM pool of a GPU store), new pages
+// go there first; when it is full, its least recently used pages that no lease covers move to
+// the host tier instead of being dropped, and eviction (of leaves only) happens in the host
+// tier. A page of either tier is served by Fetch; PlaceInFastTier moves leased pages back up
+// for a same-GPU transfer. Without a fast tier the store is the host tier alone.
+//
 // Thread-safety: every method may be called concurrently (one mutex). Page bytes are handed out
 // as shared immutable buffers, so a page evicted while it is being streamed stays valid for the
 // reader that holds it.
@@ -35,6 +41,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/radix_hash.h"
+#include "services/kvstore/range_allocator.h"
 
 namespace kvstrata::kvstore {
 
@@ -56,6 +63,25 @@ struct PageMeta {
   PageForm form = PageForm::kBf16;
   uint64_t byte_length = 0;
   uint64_t checksum_xxh3_64 = 0;  // XXH3-64, seed 0, of the bytes
+  uint64_t digest64 = 0;          // core/page_digest.h, computed by the store on Put
+};
+
+// The memory of the fast tier: one region the store places pages in by offset (HBM: a VMM
+// allocation another process on the same GPU can map). Host memory implements it in tests.
+class TierMemory {
+ public:
+  virtual ~TierMemory() = default;
+  virtual uint64_t size() const = 0;
+  virtual absl::Status Write(uint64_t offset, const void* src, uint64_t n) = 0;
+  virtual absl::Status Read(uint64_t offset, void* dst, uint64_t n) const = 0;
+  // For logs and Stats: "cuda:0 (NVIDIA H200) HBM".
+  virtual std::string Describe() const = 0;
+};
+
+// Where a page form is, for a same-GPU transfer: its range in the fast tier's memory.
+struct FastTierPlacement {
+  PageMeta meta;
+  uint64_t offset = 0;
 };
 
 // A stored form of a page: its description and its bytes, shared and immutable.
@@ -65,7 +91,10 @@ struct StoredPage {
 };
 
 struct PageStoreOptions {
+  // The host tier's capacity (the whole store without a fast tier).
   uint64_t capacity_bytes = uint64_t{1} << 30;
+  // The fast tier, or null; its size is its capacity.
+  std::shared_ptr<TierMemory> fast_tier;
   uint32_t max_leases = 4096;
   absl::Duration max_lease_ttl = absl::Seconds(60);
   // Events kept for watchers that resume or lag.
@@ -119,6 +148,15 @@ struct PageStoreStats {
   uint64_t checksum_failures_total = 0;
   uint64_t leases_expired_total = 0;
   uint64_t last_event_sequence = 0;
+  // Per tier (zero without a fast tier): bytes and page forms held, capacity, moves.
+  uint64_t fast_bytes_used = 0;
+  uint64_t fast_bytes_capacity = 0;
+  uint64_t fast_forms = 0;
+  uint64_t host_bytes_used = 0;
+  uint64_t host_forms = 0;
+  uint64_t demotions_total = 0;   // page forms moved fast -> host to make room
+  uint64_t promotions_total = 0;  // page forms moved host -> fast for a transfer
+  uint64_t fetched_fast_pages_total = 0;  // Fetches served from the fast tier
 };
 
 enum class RemovalReason : uint8_t { kEvicted, kCorrupted, kAdmin };
@@ -169,6 +207,18 @@ class PageStore {
   // (and the page is removed) when the bytes no longer match their checksum. Touches the page.
   absl::StatusOr<StoredPage> Fetch(const PageKey& key, bool bf16_recent, uint64_t lease_id);
 
+  // For a same-GPU transfer: every form named by (key, bf16_recent), which `lease_id` (a live
+  // lease) must cover, placed in the fast tier (moving it up from the host tier if needed, which
+  // may move unleased pages down), in order. FailedPrecondition without a fast tier or for a
+  // lease that is not live or does not cover a key; NotFound for an absent form;
+  // ResourceExhausted when leased pages fill the fast tier. The ranges stay valid while the
+  // lease lives: leased pages never move or leave.
+  absl::StatusOr<std::vector<FastTierPlacement>> PlaceInFastTier(
+      const std::vector<std::pair<PageKey, bool>>& forms, uint64_t lease_id);
+
+  bool has_fast_tier() const { return fast_ != nullptr; }
+  const TierMemory* fast_tier() const { return fast_.get(); }
+
   PageStoreStats Stats();
 
   // Random per store instance; sequence numbers restart with it.
@@ -188,25 +238,49 @@ class PageStore {
                                        size_t max_events);
 
  private:
+  // One stored form: in the host tier (`host` set) or in the fast tier (`fast_offset` >= 0).
+  struct Copy {
+    PageMeta meta;
+    std::shared_ptr<const std::vector<uint8_t>> host;
+    int64_t fast_offset = -1;
+    bool in_fast() const { return fast_offset >= 0; }
+  };
   struct Entry {
-    PageMeta primary;
-    std::shared_ptr<const std::vector<uint8_t>> primary_bytes;
-    std::optional<PageMeta> recent;
-    std::shared_ptr<const std::vector<uint8_t>> recent_bytes;
+    Copy primary;
+    std::optional<Copy> recent;
     uint32_t children = 0;
     uint32_t pins = 0;
     uint64_t last_use = 0;
+    bool any_fast() const { return primary.in_fast() || (recent && recent->in_fast()); }
+    bool any_host() const { return !primary.in_fast() || (recent && !recent->in_fast()); }
   };
   struct Lease {
     absl::Time expiry;
     absl::flat_hash_set<PageKey> keys;
   };
+  enum class Tier : uint8_t { kFast, kHost };
 
   void ExpireLeasesLocked(absl::Time now);
   void DropLeaseLocked(uint64_t lease_id);
   void TouchLocked(const PageKey& key, Entry& entry);
-  // Evicts LRU unpinned leaves (never `keep`) until `bytes` more fit. Counts them in *evicted.
-  absl::Status MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint32_t* evicted);
+  // Evicts LRU unpinned leaves (never `keep`) until `bytes` more fit in the host tier: leaves
+  // with host bytes first, any leaf when none is left (which may turn a host page into a leaf).
+  // Counts them in *evicted. `host_leaves_only`: never the fallback.
+  absl::Status MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint32_t* evicted,
+                              bool host_leaves_only = false);
+  // Stores `bytes` as a copy of `meta`: the fast tier when it has (or can make, by demotion)
+  // room, else the host tier (evicting as needed).
+  absl::StatusOr<Copy> PlaceLocked(const PageMeta& meta, std::vector<uint8_t> bytes,
+                                   const PageKey* keep, uint32_t* evicted);
+  // A fast-tier range of `bytes`, demoting LRU unpinned pages (never `keep`) as needed.
+  std::optional<uint64_t> AllocateFastLocked(uint64_t bytes, const PageKey* keep,
+                                             uint32_t* evicted);
+  // Moves the LRU unpinned fast-tier entry (never `keep`) to the host tier; false when none.
+  bool DemoteOneLocked(const PageKey* keep, uint32_t* evicted);
+  // The bytes of a copy (a read from the fast tier for copies there).
+  absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> BytesLocked(const Copy& copy);
+  void FreeCopyLocked(const Copy& copy);
+  void IndexFastLocked(const PageKey& key, const Entry& entry, bool insert);
   void RemoveLocked(const PageKey& key, RemovalReason reason);
   void AppendEventLocked(PageEvent event);
   absl::StatusOr<PinResult> PinLocked(const std::vector<PageKey>& keys, absl::Duration ttl,
@@ -227,8 +301,15 @@ class PageStore {
   std::deque<PageEvent> events_;
   uint64_t last_sequence_ = 0;
   PageStoreStats stats_;  // counters only; occupancy fields computed in Stats()
-  uint64_t bytes_used_ = 0;
+  uint64_t bytes_used_ = 0;  // the host tier's
+  uint64_t host_forms_ = 0;
   uint64_t recent_copies_ = 0;
+  // The fast tier: its memory, its ranges, and its entries by last use (demotion order).
+  std::shared_ptr<TierMemory> fast_;
+  std::optional<RangeAllocator> fast_ranges_;
+  std::set<std::pair<uint64_t, PageKey>> fast_lru_;
+  uint64_t fast_bytes_used_ = 0;
+  uint64_t fast_forms_ = 0;
   uint64_t pinned_pages_ = 0;  // entries with pins > 0
 };
 
