@@ -1,6 +1,6 @@
 #pragma once
 
-// The page digest (docs/kv-format.md §6): a 64-bit checksum of a page's bytes that a GPU
+// The page digest (docs/kv-format.md §8): a 64-bit checksum of a page's bytes that a GPU
 // computes at memory speed, so pages moved GPU to GPU are verified where they land, without a
 // trip through host memory. XXH3 (the wire checksum of Put and Fetch) is a chain over the
 // input and cannot be split across thousands of threads; this digest is a sum, so any thread

@@ -97,6 +97,16 @@ absl::Status KvStoreClient::Release(uint64_t lease_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::OpenTransferResponse> KvStoreClient::OpenTransfer(
+    const v1::OpenTransferRequest& request) {
+  v1::OpenTransferResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.lookup_deadline);
+  const grpc::Status status = stub_->OpenTransfer(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status, address_, "OpenTransfer");
+  return response;
+}
+
 absl::StatusOr<PutSummary> KvStoreClient::Put(std::span<const PutPage> pages) {
   v1::PutResponse response;
   grpc::ClientContext context;

@@ -92,6 +92,9 @@ class KvStoreClient {
   // checksum are verified (DATA_LOSS otherwise). NOT_FOUND when a page is absent.
   absl::StatusOr<std::vector<FetchedPage>> Fetch(
       std::span<const std::pair<PageKey, v1::PageEncoding>> pages, uint64_t lease_id = 0);
+  // Negotiates the transport of some pages (docs/api.md#opentransfer); bounded by the lookup
+  // deadline.
+  absl::StatusOr<v1::OpenTransferResponse> OpenTransfer(const v1::OpenTransferRequest& request);
   // Ends a lease early, so its pages can be evicted again. Idempotent; a lease that expired or
   // was released already is OK. Bounded by the lookup deadline.
   absl::Status Release(uint64_t lease_id);

@@ -66,6 +66,19 @@ class KvStoreMetrics {
                                .Get()),
         leases_expired_(
             r.AddCounter("kvstrata_kvstore_leases_expired_total", "Leases that expired.").Get()),
+        tier_used_(r.AddGauge("kvstrata_kvstore_tier_used_bytes",
+                              "Bytes of page data per tier (gpu: the HBM pool; host).", {"tier"})),
+        tier_capacity_(r.AddGauge("kvstrata_kvstore_tier_capacity_bytes", "Capacity per tier.",
+                                  {"tier"})),
+        tier_forms_(r.AddGauge("kvstrata_kvstore_tier_page_forms",
+                               "Page forms (primaries and BF16_RECENT copies) per tier.", {"tier"})),
+        tier_moves_(r.AddCounter("kvstrata_kvstore_tier_moves_total",
+                                 "Page forms moved between tiers (down: to make room in the GPU "
+                                 "tier; up: for a same-GPU transfer).",
+                                 {"direction"})),
+        transfers_(r.AddCounter("kvstrata_kvstore_transfers_total",
+                                "OpenTransfer calls answered, by the transport chosen.",
+                                {"transport"})),
         requests_(r.AddCounter("kvstrata_kvstore_requests_total",
                                "KvStore RPCs by method and gRPC status code.", {"method", "code"})),
         latency_(r.AddHistogram("kvstrata_kvstore_request_duration_seconds",
@@ -84,6 +97,12 @@ class KvStoreMetrics {
     capacity_bytes_.Set(static_cast<double>(s.bytes_capacity));
     pinned_pages_.Set(static_cast<double>(s.pinned_pages));
     active_leases_.Set(static_cast<double>(s.active_leases));
+    tier_used_.With({"gpu"}).Set(static_cast<double>(s.fast_bytes_used));
+    tier_used_.With({"host"}).Set(static_cast<double>(s.host_bytes_used));
+    tier_capacity_.With({"gpu"}).Set(static_cast<double>(s.fast_bytes_capacity));
+    tier_capacity_.With({"host"}).Set(static_cast<double>(s.bytes_capacity - s.fast_bytes_capacity));
+    tier_forms_.With({"gpu"}).Set(static_cast<double>(s.fast_forms));
+    tier_forms_.With({"host"}).Set(static_cast<double>(s.host_forms));
     std::lock_guard<std::mutex> lock(mu_);
     auto advance = [](Counter& c, uint64_t now, uint64_t before) {
       if (now > before) c.Increment(static_cast<double>(now - before));
@@ -99,7 +118,14 @@ class KvStoreMetrics {
     advance(fetched_bytes_, s.fetched_bytes_total, last_.fetched_bytes_total);
     advance(checksum_failures_, s.checksum_failures_total, last_.checksum_failures_total);
     advance(leases_expired_, s.leases_expired_total, last_.leases_expired_total);
+    advance(tier_moves_.With({"down"}), s.demotions_total, last_.demotions_total);
+    advance(tier_moves_.With({"up"}), s.promotions_total, last_.promotions_total);
     last_ = s;
+  }
+
+  void RecordTransfer(v1::Transport transport) {
+    transfers_.With({transport == v1::TRANSPORT_SAME_GPU_POOL ? "same_gpu_pool" : "grpc_stream"})
+        .Increment();
   }
 
  private:
@@ -120,6 +146,11 @@ class KvStoreMetrics {
   Counter& fetched_bytes_;
   Counter& checksum_failures_;
   Counter& leases_expired_;
+  Family<Gauge>& tier_used_;
+  Family<Gauge>& tier_capacity_;
+  Family<Gauge>& tier_forms_;
+  Family<Counter>& tier_moves_;
+  Family<Counter>& transfers_;
   Family<Counter>& requests_;
   Family<Histogram>& latency_;
   std::mutex mu_;
@@ -398,20 +429,7 @@ grpc::Status KvStoreService::Fetch(grpc::ServerContext* context, const v1::Fetch
           absl::StrCat("pages: ", request->pages_size(),
                        " refs, more than max_keys_per_request=", options_.max_keys_per_request));
     }
-    std::vector<std::pair<PageKey, bool>> refs;
-    for (int i = 0; i < request->pages_size(); ++i) {
-      const v1::PageRef& ref = request->pages(i);
-      KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(ref.key(), absl::StrCat("pages[", i, "].key")));
-      const v1::PageEncoding e = ref.encoding();
-      if (e == v1::PAGE_ENCODING_BF16_RECENT) {
-        refs.emplace_back(key, true);
-      } else if (e == v1::PAGE_ENCODING_UNSPECIFIED || e == v1::PAGE_ENCODING_BF16 ||
-                 e == v1::PAGE_ENCODING_INT2) {
-        refs.emplace_back(key, false);
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("pages[", i, "].encoding: unknown"));
-      }
-    }
+    KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, ParsePageRefs(request->pages()));
     const uint32_t chunk = request->max_chunk_bytes() == 0
                                ? options_.max_chunk_bytes
                                : std::min(request->max_chunk_bytes(), options_.max_chunk_bytes);
@@ -467,7 +485,7 @@ grpc::Status KvStoreService::Stats(grpc::ServerContext* /*context*/,
   response->set_store_id(store_id_);
   response->set_store_epoch(store_->epoch());
   response->set_start_time_unix_ms(start_time_unix_ms_);
-  response->set_tier(v1::STORAGE_TIER_HOST);
+  response->set_tier(store_->has_fast_tier() ? v1::STORAGE_TIER_GPU : v1::STORAGE_TIER_HOST);
   response->set_page_size_tokens(store_->page_size_tokens());
   v1::StoreLimits* limits = response->mutable_limits();
   limits->set_max_keys_per_request(options_.max_keys_per_request);
@@ -493,6 +511,15 @@ grpc::Status KvStoreService::Stats(grpc::ServerContext* /*context*/,
   response->set_checksum_failures_total(s.checksum_failures_total);
   response->set_leases_expired_total(s.leases_expired_total);
   response->set_last_event_sequence(s.last_event_sequence);
+  response->set_gpu_bytes_used(s.fast_bytes_used);
+  response->set_gpu_bytes_capacity(s.fast_bytes_capacity);
+  response->set_gpu_page_forms(s.fast_forms);
+  response->set_host_bytes_used(s.host_bytes_used);
+  response->set_host_bytes_capacity(s.bytes_capacity - s.fast_bytes_capacity);
+  response->set_host_page_forms(s.host_forms);
+  response->set_tier_demotions_total(s.demotions_total);
+  response->set_tier_promotions_total(s.promotions_total);
+  response->set_gpu_uuid(options_.same_gpu_pool.gpu_uuid);
   return Finish("Stats", start, absl::OkStatus());
 }
 
@@ -558,13 +585,103 @@ grpc::Status KvStoreService::WatchEvents(grpc::ServerContext* context,
   return Finish("WatchEvents", start, absl::OkStatus());
 }
 
+absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::ParsePageRefs(
+    const google::protobuf::RepeatedPtrField<v1::PageRef>& pages) const {
+  if (pages.size() > static_cast<int>(options_.max_keys_per_request)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pages: ", pages.size(), " refs, more than max_keys_per_request=",
+        options_.max_keys_per_request));
+  }
+  std::vector<FormRef> refs;
+  refs.reserve(pages.size());
+  for (int i = 0; i < pages.size(); ++i) {
+    const v1::PageRef& ref = pages[i];
+    KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(ref.key(), absl::StrCat("pages[", i, "].key")));
+    const v1::PageEncoding e = ref.encoding();
+    if (e == v1::PAGE_ENCODING_BF16_RECENT) {
+      refs.emplace_back(key, true);
+    } else if (e == v1::PAGE_ENCODING_UNSPECIFIED || e == v1::PAGE_ENCODING_BF16 ||
+               e == v1::PAGE_ENCODING_INT2) {
+      refs.emplace_back(key, false);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("pages[", i, "].encoding: unknown"));
+    }
+  }
+  return refs;
+}
+
+// The transport both ends share, in the client's order: the pool needs a GPU tier on the
+// client's own GPU of the same host.
+v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& request) const {
+  std::vector<v1::Transport> asked;
+  for (int t : request.transports()) asked.push_back(static_cast<v1::Transport>(t));
+  if (asked.empty()) asked.push_back(v1::TRANSPORT_GRPC_STREAM);
+  const SameGpuPoolOffer& pool = options_.same_gpu_pool;
+  const bool pool_possible = store_->has_fast_tier() && !pool.socket_path.empty() &&
+                             !pool.gpu_uuid.empty() &&
+                             request.device().gpu_uuid() == pool.gpu_uuid &&
+                             request.device().host_boot_id() == pool.host_boot_id;
+  for (v1::Transport t : asked) {
+    if (t == v1::TRANSPORT_SAME_GPU_POOL && pool_possible) return t;
+    if (t == v1::TRANSPORT_GRPC_STREAM) return t;
+  }
+  return v1::TRANSPORT_UNSPECIFIED;
+}
+
 grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* /*context*/,
-                                          const v1::OpenTransferRequest* /*request*/,
-                                          v1::OpenTransferResponse* /*response*/) {
-  return Finish(
-      "OpenTransfer", absl::Now(),
-      absl::UnimplementedError(
-          "OpenTransfer: the NCCL transport is not built yet in this kvstore; use Fetch"));
+                                          const v1::OpenTransferRequest* request,
+                                          v1::OpenTransferResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = [&]() -> absl::Status {
+    KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, ParsePageRefs(request->pages()));
+    if (refs.empty()) return absl::InvalidArgumentError("pages: empty");
+    v1::Transport transport = ChooseTransport(*request);
+    if (transport == v1::TRANSPORT_UNSPECIFIED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transports: none of those listed is possible here (this store offers ",
+          store_->has_fast_tier() ? "TRANSPORT_SAME_GPU_POOL on GPU " : "",
+          store_->has_fast_tier() ? options_.same_gpu_pool.gpu_uuid : "",
+          store_->has_fast_tier() ? " and " : "", "TRANSPORT_GRPC_STREAM)"));
+    }
+    // The lease: the client's, extended over these pages, or a new one.
+    std::vector<PageKey> keys;
+    keys.reserve(refs.size());
+    for (const FormRef& ref : refs) keys.push_back(ref.first);
+    const uint32_t ttl_ms = request->lease_ttl_ms() == 0 ? 10000 : request->lease_ttl_ms();
+    KV_ASSIGN_OR_RETURN(PinResult pin,
+                        store_->Pin(keys, absl::Milliseconds(ttl_ms), request->lease_id()));
+    response->set_lease_id(pin.lease_id);
+    if (!pin.missing_indices.empty()) {
+      if (request->lease_id() == 0) store_->Release(pin.lease_id);
+      return absl::NotFoundError(absl::StrCat("page ", keys[pin.missing_indices[0]].ToHex(),
+                                              " (pages[", pin.missing_indices[0], "]) is absent"));
+    }
+    if (transport == v1::TRANSPORT_SAME_GPU_POOL) {
+      absl::StatusOr<std::vector<FastTierPlacement>> placed =
+          store_->PlaceInFastTier(refs, pin.lease_id);
+      if (placed.ok()) {
+        v1::SameGpuPool* pool = response->mutable_pool();
+        pool->set_socket_path(options_.same_gpu_pool.socket_path);
+        pool->set_pool_id(options_.same_gpu_pool.pool_id);
+        pool->set_pool_bytes(store_->fast_tier()->size());
+        for (const FastTierPlacement& p : *placed) {
+          v1::TransferSegment* segment = response->add_segments();
+          FillHeader(p.meta, segment->mutable_header());
+          segment->set_offset_bytes(p.offset);
+          segment->set_digest64(p.meta.digest64);
+        }
+      } else if (placed.status().code() == absl::StatusCode::kResourceExhausted) {
+        transport = v1::TRANSPORT_GRPC_STREAM;  // the pool is full of leased pages: use Fetch
+      } else {
+        if (request->lease_id() == 0) store_->Release(pin.lease_id);
+        return placed.status();
+      }
+    }
+    response->set_transport(transport);
+    metrics_->RecordTransfer(transport);
+    return absl::OkStatus();
+  }();
+  return Finish("OpenTransfer", start, status);
 }
 
 }  // namespace kvstrata::kvstore

@@ -18,6 +18,14 @@
 
 namespace kvstrata::kvstore {
 
+// What a GPU store tells clients on its GPU about its HBM pool (OpenTransfer).
+struct SameGpuPoolOffer {
+  std::string socket_path;   // where the pool's file descriptor is handed out; empty: no offer
+  uint64_t pool_id = 0;
+  std::string gpu_uuid;      // "GPU-..."
+  std::string host_boot_id;  // /proc/sys/kernel/random/boot_id
+};
+
 struct KvStoreServiceOptions {
   // Identity reported by Stats; a random one is made when empty.
   std::string store_id;
@@ -25,6 +33,8 @@ struct KvStoreServiceOptions {
   uint32_t max_keys_per_request = 4096;
   // Largest Fetch chunk sent, in bytes; also the default chunk.
   uint32_t max_chunk_bytes = 1 << 20;
+  // Set by a store with a GPU tier.
+  SameGpuPoolOffer same_gpu_pool;
 };
 
 class KvStoreMetrics;
@@ -59,6 +69,12 @@ class KvStoreService final : public v1::KvStore::Service {
   // that does not parse as the end of the stream, which would commit a Put that was cut short.
   using PutStream = grpc::ServerReaderWriter<v1::PutResponse, grpc::ByteBuffer>;
   grpc::Status Put(grpc::ServerContext* context, PutStream* stream);
+
+  // (key, BF16_RECENT copy?) per page ref; INVALID_ARGUMENT naming the ref.
+  using FormRef = std::pair<PageKey, bool>;
+  absl::StatusOr<std::vector<FormRef>> ParsePageRefs(
+      const google::protobuf::RepeatedPtrField<v1::PageRef>& pages) const;
+  v1::Transport ChooseTransport(const v1::OpenTransferRequest& request) const;
 
   // Records latency and outcome of one call and refreshes the store gauges.
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -18,11 +19,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/metrics.h"
 #include "core/shutdown.h"
 #include "rpc/server.h"
+#include "services/kvstore/gpu_tier.h"
 #include "services/kvstore/kvstore_service.h"
 #include "services/kvstore/page_store.h"
 
@@ -30,7 +33,18 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
           "gRPC address to serve KvStore on (port 0: any).");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9461",
           "HTTP address for Prometheus /metrics (port 0: any; empty: no metrics endpoint).");
-ABSL_FLAG(uint64_t, capacity_mb, 1024, "Page store capacity in MiB (page bytes, both forms).");
+ABSL_FLAG(uint64_t, capacity_mb, 1024,
+          "Host-memory tier capacity in MiB (page bytes, both forms); the whole store without "
+          "--device.");
+ABSL_FLAG(std::string, device, "",
+          "cuda or cuda:N: keep pages in an HBM pool on that GPU first (--gpu_capacity_mb), "
+          "moving the least recently used to host memory when it is full, and offer workers on "
+          "the same GPU the same-GPU transport. Empty: host memory only.");
+ABSL_FLAG(uint64_t, gpu_capacity_mb, 16384, "HBM pool size in MiB with --device.");
+ABSL_FLAG(std::string, pool_socket, "",
+          "With --device: the Unix socket that hands the pool to workers on the same GPU "
+          "(default: $TMPDIR/kvstrata-kvstore-<pid>.pool). Workers must be able to reach it: in "
+          "Kubernetes a volume both containers mount.");
 ABSL_FLAG(uint32_t, max_lease_ttl_ms, 60000, "Longest lease a Lookup or Pin may ask for, in ms.");
 ABSL_FLAG(uint32_t, max_leases, 4096, "Most live leases.");
 ABSL_FLAG(uint32_t, max_keys_per_request, 4096, "Most page keys in one Lookup, Pin or Fetch.");
@@ -48,6 +62,9 @@ constexpr uint32_t kMaxChunkBytes = 4 << 20;
 
 struct KvStoreConfig {
   std::string listen;
+  int device = -1;  // cuda ordinal, -1: host memory only
+  uint64_t gpu_capacity_bytes = 0;
+  std::string pool_socket;
   std::string metrics_listen;
   PageStoreOptions store;
   KvStoreServiceOptions service;
@@ -66,6 +83,28 @@ absl::StatusOr<KvStoreConfig> ConfigFromFlags() {
         absl::StrCat("--capacity_mb: must be in 1..", uint64_t{1} << 30, ", got ", capacity_mb));
   }
   config.store.capacity_bytes = capacity_mb << 20;
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (!device.empty()) {
+    if (device == "cuda") {
+      config.device = 0;
+    } else if (!absl::StartsWith(device, "cuda:") ||
+               !absl::SimpleAtoi(device.substr(5), &config.device) || config.device < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: expected cuda or cuda:N, got '", device, "'"));
+    }
+    const uint64_t gpu_mb = absl::GetFlag(FLAGS_gpu_capacity_mb);
+    if (gpu_mb == 0 || gpu_mb > (uint64_t{1} << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpu_capacity_mb: must be in 1..", uint64_t{1} << 30, ", got ", gpu_mb));
+    }
+    config.gpu_capacity_bytes = gpu_mb << 20;
+    config.pool_socket = absl::GetFlag(FLAGS_pool_socket);
+    if (config.pool_socket.empty()) {
+      const char* tmp = getenv("TMPDIR");
+      config.pool_socket = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                        "/kvstrata-kvstore-", getpid(), ".pool");
+    }
+  }
   const uint32_t ttl_ms = absl::GetFlag(FLAGS_max_lease_ttl_ms);
   if (ttl_ms == 0) return absl::InvalidArgumentError("--max_lease_ttl_ms: must be > 0");
   config.store.max_lease_ttl = absl::Milliseconds(ttl_ms);
@@ -104,9 +143,31 @@ int Run(const KvStoreConfig& config) {
   }
 
   SystemClock clock;
-  PageStore store(config.store, &clock);
+  PageStoreOptions store_options = config.store;
+  KvStoreServiceOptions service_options = config.service;
+  std::string tiers = absl::StrCat("host memory ", config.store.capacity_bytes >> 20, " MiB");
+  GpuTier gpu;
+  if (config.device >= 0) {
+    absl::StatusOr<GpuTier> made =
+        MakeGpuTier(config.device, config.gpu_capacity_bytes, config.pool_socket);
+    if (!made.ok()) {
+      fprintf(stderr, "kvstrata-kvstore: --device=cuda:%d (--gpu_capacity_mb, --pool_socket): %s\n",
+              config.device, std::string(made.status().message()).c_str());
+      return 1;
+    }
+    gpu = *std::move(made);
+    store_options.fast_tier = gpu.memory;
+    service_options.same_gpu_pool = {.socket_path = gpu.socket->path(),
+                                      .pool_id = gpu.pool_id,
+                                      .gpu_uuid = gpu.gpu_uuid,
+                                      .host_boot_id = transport::HostBootId()};
+    tiers = absl::StrCat(gpu.memory->Describe(), " ", config.gpu_capacity_bytes >> 20,
+                         " MiB (pool socket ", gpu.socket->path(), ", ", gpu.gpu_uuid, ") + ",
+                         tiers);
+  }
+  PageStore store(store_options, &clock);
   MetricsRegistry registry;
-  KvStoreService service(&store, config.service, &registry);
+  KvStoreService service(&store, service_options, &registry);
 
   std::unique_ptr<MetricsServer> metrics;
   if (!config.metrics_listen.empty()) {
@@ -126,10 +187,9 @@ int Run(const KvStoreConfig& config) {
   }
   (*server)->SetServingStatus("kvstrata.v1.KvStore", true);
   fprintf(stderr,
-          "kvstrata-kvstore: serving kvstrata.v1.KvStore on %s (capacity %llu MiB, epoch "
+          "kvstrata-kvstore: serving kvstrata.v1.KvStore on %s (pages in %s, epoch "
           "%016llx); metrics on %s\n",
-          (*server)->address().c_str(),
-          static_cast<unsigned long long>(config.store.capacity_bytes >> 20),
+          (*server)->address().c_str(), tiers.c_str(),
           static_cast<unsigned long long>(store.epoch()),
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
 
@@ -150,7 +210,8 @@ int Run(const KvStoreConfig& config) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "kvstrata-kvstore: the KV page store (kvstrata.v1.KvStore), in host memory.\n"
+      "kvstrata-kvstore: the KV page store (kvstrata.v1.KvStore), in host memory, or with\n"
+      "--device=cuda:N in an HBM pool on that GPU with host memory behind it.\n"
       "Stores immutable KV pages by radix-hash key with parent links, evicts least recently\n"
       "used leaves when full, keeps leased pages, streams stored/removed events, and exports\n"
       "kvstrata_kvstore_* metrics on --metrics_listen. SIGINT/SIGTERM stop it cleanly.\n\n"

@@ -1,8 +1,9 @@
 #pragma once
 
-// The kvstore's data path seam: how the bytes of a fetched page reach a client. Today one
-// implementation streams them as gRPC chunks (kvstore_service.cc); the NCCL GPU-to-GPU transport
-// of a later issue implements the same interface for OpenTransfer.
+// The kvstore's byte-stream seam: how Fetch sends the bytes of a page (kvstore_service.cc streams
+// them as gRPC chunks). The other transports do not send bytes through the store's RPC threads:
+// OpenTransfer negotiates them (the same-GPU pool: the worker reads the store's HBM pool itself,
+// docs/kvstore.md#transfers-opentransfer; NCCL later).
 
 #include "absl/status/status.h"
 #include "services/kvstore/page_store.h"

@@ -15,12 +15,14 @@
 #include "services/kvstore/page_store.h"
 #include "core/page_digest.h"
 #include "services/kvstore/range_allocator.h"
+#include "tests/services/host_tier_memory.h"
 #include "tests/services/test_pages.h"
 #include "tests/testing/fake_clock.h"
 
 namespace kvstrata::kvstore {
 namespace {
 
+using ::kvstrata::kvstore::testing::HostTierMemory;
 using ::kvstrata::kvstore::testing::Key;
 using ::kvstrata::kvstore::testing::MakeChain;
 using ::kvstrata::kvstore::testing::MakePage;
@@ -30,31 +32,6 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kBf16PageBytes = 16448;
 constexpr uint64_t kSlot = 16640;  // kBf16PageBytes rounded up to the allocator's 256 bytes
-
-// A fast tier in host memory: real bytes at real offsets, and a switch that makes reads fail
-// (what a lost GPU context would do).
-class HostTierMemory final : public TierMemory {
- public:
-  explicit HostTierMemory(uint64_t size) : bytes_(size) {}
-  uint64_t size() const override { return bytes_.size(); }
-  absl::Status Write(uint64_t offset, const void* src, uint64_t n) override {
-    if (offset + n > bytes_.size()) return absl::OutOfRangeError("write past the tier");
-    std::memcpy(bytes_.data() + offset, src, n);
-    return absl::OkStatus();
-  }
-  absl::Status Read(uint64_t offset, void* dst, uint64_t n) const override {
-    if (fail_reads) return absl::InternalError("device lost");
-    if (offset + n > bytes_.size()) return absl::OutOfRangeError("read past the tier");
-    std::memcpy(dst, bytes_.data() + offset, n);
-    return absl::OkStatus();
-  }
-  std::string Describe() const override { return "test tier"; }
-  const uint8_t* at(uint64_t offset) const { return bytes_.data() + offset; }
-  bool fail_reads = false;
-
- private:
-  std::vector<uint8_t> bytes_;
-};
 
 class PageStoreTiersTest : public ::testing::Test {
  protected:

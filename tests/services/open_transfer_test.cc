@@ -1,0 +1,180 @@
+// OpenTransfer's handshake: which transport a store picks for which client, the lease it
+// answers, and the pool offsets and digests of a same-GPU answer (against a fast tier in host
+// memory here; tests/services/same_gpu_pool_gpu_test.cc maps a real HBM pool).
+
+#include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/metrics.h"
+#include "core/page_digest.h"
+#include "kvstrata/v1/kvstore.grpc.pb.h"
+#include "rpc/server.h"
+#include "services/kvstore/kvstore_service.h"
+#include "tests/services/host_tier_memory.h"
+#include "tests/services/test_pages.h"
+
+namespace kvstrata::kvstore {
+namespace {
+
+using ::kvstrata::kvstore::testing::HostTierMemory;
+using ::kvstrata::kvstore::testing::Key;
+using ::kvstrata::kvstore::testing::MakeChain;
+using ::kvstrata::kvstore::testing::TestPage;
+using ::testing::HasSubstr;
+
+constexpr char kGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000001";
+constexpr char kBoot[] = "0b8d4c4e-1111-4222-8333-444455556666";
+
+class OpenTransferTest : public ::testing::Test {
+ protected:
+  void Start(bool fast_tier) {
+    PageStoreOptions options;
+    options.capacity_bytes = 8 * 16448;
+    options.max_lease_ttl = absl::Seconds(30);
+    if (fast_tier) {
+      tier_ = std::make_shared<HostTierMemory>(4 * 16640);
+      options.fast_tier = tier_;
+    }
+    store_ = std::make_unique<PageStore>(options, &clock_);
+    KvStoreServiceOptions service_options{.store_id = "test-store"};
+    if (fast_tier) {
+      service_options.same_gpu_pool = {.socket_path = "/tmp/test-pool.sock",
+                                       .pool_id = 77,
+                                       .gpu_uuid = kGpu,
+                                       .host_boot_id = kBoot};
+    }
+    service_ = std::make_unique<KvStoreService>(store_.get(), service_options, &registry_);
+    absl::StatusOr<std::unique_ptr<rpc::Server>> server =
+        rpc::Server::Start({.listen_address = "127.0.0.1:0", .services = {service_.get()}});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    stub_ = v1::KvStore::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    chain_ = MakeChain({1, 2, 3});
+    for (const TestPage& page : chain_) ASSERT_TRUE(store_->Put(page.meta, page.bytes).ok());
+  }
+
+  v1::OpenTransferRequest Request(std::vector<v1::Transport> transports, const char* gpu = kGpu,
+                                  const char* boot = kBoot) {
+    v1::OpenTransferRequest request;
+    request.set_client_id("worker-0");
+    request.mutable_device()->set_gpu_uuid(gpu);
+    request.mutable_device()->set_host_boot_id(boot);
+    for (const TestPage& page : chain_) request.add_pages()->set_key(page.meta.key.ToBytes());
+    for (v1::Transport t : transports) request.add_transports(t);
+    return request;
+  }
+
+  grpc::Status Open(const v1::OpenTransferRequest& request, v1::OpenTransferResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub_->OpenTransfer(&context, request, response);
+  }
+
+  SystemClock clock_;
+  MetricsRegistry registry_;
+  std::shared_ptr<HostTierMemory> tier_;
+  std::unique_ptr<PageStore> store_;
+  std::unique_ptr<KvStoreService> service_;
+  std::unique_ptr<rpc::Server> server_;
+  std::unique_ptr<v1::KvStore::Stub> stub_;
+  std::vector<TestPage> chain_;
+};
+
+TEST_F(OpenTransferTest, AClientOnTheStoresGpuGetsPoolOffsetsAndDigests) {
+  Start(/*fast_tier=*/true);
+  v1::OpenTransferResponse response;
+  ASSERT_TRUE(Open(Request({v1::TRANSPORT_SAME_GPU_POOL, v1::TRANSPORT_GRPC_STREAM}), &response)
+                  .ok());
+  EXPECT_EQ(response.transport(), v1::TRANSPORT_SAME_GPU_POOL);
+  EXPECT_EQ(response.pool().socket_path(), "/tmp/test-pool.sock");
+  EXPECT_EQ(response.pool().pool_id(), 77u);
+  EXPECT_EQ(response.pool().pool_bytes(), 4u * 16640);
+  EXPECT_NE(response.lease_id(), 0u);
+  ASSERT_EQ(response.segments_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    const v1::TransferSegment& segment = response.segments(i);
+    const TestPage& page = chain_[i];
+    EXPECT_EQ(segment.header().key(), page.meta.key.ToBytes());
+    EXPECT_EQ(segment.header().byte_length(), page.bytes.size());
+    EXPECT_EQ(segment.digest64(), PageDigest64(page.bytes.data(), page.bytes.size()));
+    EXPECT_EQ(std::memcmp(tier_->at(segment.offset_bytes()), page.bytes.data(), page.bytes.size()),
+              0);
+  }
+  // The pages are leased: the store says so, and releasing the lease frees them.
+  EXPECT_EQ(store_->Stats().pinned_pages, 3u);
+  EXPECT_TRUE(store_->Release(response.lease_id()));
+}
+
+TEST_F(OpenTransferTest, AnotherGpuOrHostGetsTheByteStreamWithTheLease) {
+  Start(/*fast_tier=*/true);
+  for (auto [gpu, boot] : {std::pair{"GPU-other", kBoot}, std::pair{kGpu, "another-host"}}) {
+    v1::OpenTransferResponse response;
+    ASSERT_TRUE(
+        Open(Request({v1::TRANSPORT_SAME_GPU_POOL, v1::TRANSPORT_GRPC_STREAM}, gpu, boot), &response)
+            .ok());
+    EXPECT_EQ(response.transport(), v1::TRANSPORT_GRPC_STREAM) << gpu << " " << boot;
+    EXPECT_EQ(response.segments_size(), 0);
+    EXPECT_NE(response.lease_id(), 0u);
+    EXPECT_TRUE(store_->Release(response.lease_id()));
+  }
+  // Only the pool asked for, on another GPU: no transport in common.
+  v1::OpenTransferResponse response;
+  grpc::Status status = Open(Request({v1::TRANSPORT_SAME_GPU_POOL}, "GPU-other"), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("transports"));
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+}
+
+TEST_F(OpenTransferTest, AHostStoreAnswersTheByteStreamAndAnEmptyListMeansIt) {
+  Start(/*fast_tier=*/false);
+  v1::OpenTransferResponse response;
+  ASSERT_TRUE(Open(Request({}), &response).ok());
+  EXPECT_EQ(response.transport(), v1::TRANSPORT_GRPC_STREAM);
+  v1::OpenTransferResponse pool_only;
+  EXPECT_EQ(Open(Request({v1::TRANSPORT_SAME_GPU_POOL}), &pool_only).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  v1::OpenTransferResponse nccl_only;
+  EXPECT_EQ(Open(Request({v1::TRANSPORT_NCCL}), &nccl_only).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(OpenTransferTest, AnAbsentPageIsNotFoundAndLeavesNoLease) {
+  Start(/*fast_tier=*/true);
+  v1::OpenTransferRequest request = Request({v1::TRANSPORT_SAME_GPU_POOL});
+  request.add_pages()->set_key(Key(42).ToBytes());
+  v1::OpenTransferResponse response;
+  grpc::Status status = Open(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("pages[3]"));
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+  // A malformed key names its field.
+  v1::OpenTransferRequest bad = Request({v1::TRANSPORT_SAME_GPU_POOL});
+  bad.mutable_pages(1)->set_key("short");
+  status = Open(bad, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("pages[1].key"));
+}
+
+TEST_F(OpenTransferTest, AClientsOwnLeaseIsExtendedNotReplaced) {
+  Start(/*fast_tier=*/true);
+  absl::StatusOr<PinResult> lease = store_->Pin({Key(1)}, absl::Seconds(5), 0);
+  ASSERT_TRUE(lease.ok());
+  v1::OpenTransferRequest request = Request({v1::TRANSPORT_SAME_GPU_POOL});
+  request.set_lease_id(lease->lease_id);
+  v1::OpenTransferResponse response;
+  ASSERT_TRUE(Open(request, &response).ok());
+  EXPECT_EQ(response.lease_id(), lease->lease_id);
+  EXPECT_EQ(store_->Stats().active_leases, 1u);
+  EXPECT_EQ(store_->Stats().pinned_pages, 3u);
+}
+
+}  // namespace
+}  // namespace kvstrata::kvstore

@@ -1,0 +1,111 @@
+// The same-GPU pool hand-over without a GPU: a memfd stands for the pool's CUDA descriptor, so
+// what is checked is the socket protocol — the hello, the descriptor arriving intact (its bytes
+// read back through it), the socket file's mode, and the errors a client gets.
+
+#include "transport/pool_socket.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvstrata::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TestPath(const char* name) {
+  return absl::StrCat(::testing::TempDir(), "/", name, "-", getpid(), ".pool");
+}
+
+TEST(PoolSocket, HandsOutTheDescriptorWithTheHello) {
+  const int memfd = memfd_create("pool", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  const std::string text = "pages of the pool";
+  ASSERT_EQ(pwrite(memfd, text.data(), text.size(), 4096), static_cast<ssize_t>(text.size()));
+  const std::string path = TestPath("hello");
+  absl::StatusOr<std::unique_ptr<PoolSocketServer>> server = PoolSocketServer::Start(
+      path, /*pool_id=*/0x1122334455667788ull, /*pool_bytes=*/1ull << 34,
+      [memfd]() -> absl::StatusOr<int> { return dup(memfd); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<PoolHandle> handle = ReceivePoolHandle(path);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    EXPECT_EQ(handle->pool_id, 0x1122334455667788ull);
+    EXPECT_EQ(handle->pool_bytes, 1ull << 34);
+    std::string back(text.size(), '\0');
+    EXPECT_EQ(pread(handle->fd, back.data(), back.size(), 4096),
+              static_cast<ssize_t>(back.size()));
+    EXPECT_EQ(back, text);
+    close(handle->fd);
+  }
+  // The server counts a hand-over after its send returns, which may be after the client read.
+  for (int i = 0; i < 100 && (*server)->handed_out() < 3; ++i) usleep(10000);
+  EXPECT_EQ((*server)->handed_out(), 3u);
+  server->reset();
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "the socket file is removed on stop";
+  close(memfd);
+}
+
+TEST(PoolSocket, NothingListeningIsUnavailable) {
+  absl::StatusOr<PoolHandle> handle = ReceivePoolHandle(TestPath("absent"));
+  EXPECT_EQ(handle.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(handle.status().message(), HasSubstr("absent"));
+  EXPECT_EQ(ReceivePoolHandle(std::string(200, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A listening Unix socket at `path` that is not a kvstore's.
+int Listen(const std::string& path) {
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  unlink(path.c_str());
+  EXPECT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(listen(listener, 4), 0);
+  return listener;
+}
+
+TEST(PoolSocket, ASilentPeerTimesOut) {
+  const std::string path = TestPath("silent");
+  const int listener = Listen(path);
+  absl::StatusOr<PoolHandle> silent = ReceivePoolHandle(path, /*timeout_ms=*/100);
+  EXPECT_EQ(silent.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(silent.status().message(), HasSubstr("100 ms"));
+  close(listener);
+  unlink(path.c_str());
+}
+
+TEST(PoolSocket, APeerThatIsNotAPoolIsDataLoss) {
+  const std::string path = TestPath("impostor");
+  const int listener = Listen(path);
+  std::thread impostor([&] {
+    const int conn = accept(listener, nullptr, nullptr);
+    const char junk[32] = "HTTP/1.1 200 OK";
+    (void)!write(conn, junk, sizeof(junk));
+    close(conn);
+  });
+  absl::StatusOr<PoolHandle> handle = ReceivePoolHandle(path, 2000);
+  impostor.join();
+  EXPECT_EQ(handle.status().code(), absl::StatusCode::kDataLoss) << handle.status();
+  EXPECT_THAT(handle.status().message(), HasSubstr("not a kvstrata pool"));
+  close(listener);
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace kvstrata::transport
