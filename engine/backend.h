@@ -65,6 +65,8 @@ class Backend {
   }
   virtual int vocab_size() const = 0;
   virtual ForwardTiming last_timing() const { return {}; }
+  // Moves cached pages that lie in device memory (KvCache::ImportPrefix); null on the host.
+  virtual DevicePageAccess* device_page_access() { return nullptr; }
   // Where and how the pass runs, for logs: "cpu (weights as stored, avx512 kernels, 2 threads)",
   // "cuda:0 (NVIDIA H200, ...), bf16 weights".
   virtual std::string Describe() const = 0;

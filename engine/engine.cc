@@ -134,6 +134,7 @@ class Engine::MeteredBackend final : public Backend {
   }
   int vocab_size() const override { return inner_->vocab_size(); }
   ForwardTiming last_timing() const override { return inner_->last_timing(); }
+  DevicePageAccess* device_page_access() override { return inner_->device_page_access(); }
   std::string Describe() const override { return inner_->Describe(); }
   const std::vector<ItemKv>& last() const { return last_; }
   void ForgetLast() { last_.clear(); }

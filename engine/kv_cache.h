@@ -157,6 +157,35 @@ struct ExportedPage {
   std::string bytes;
 };
 
+// A cached page whose bytes lie in device memory this process has mapped (the GPU kvstore's
+// HBM pool, same-GPU transport): what the store said about it, and where it is. The store
+// checked the page on Put; its digest (core/page_digest.h) is checked where it lands.
+struct DevicePage {
+  PageKey key;
+  PageKey parent_key;  // the namespace key for page 0
+  int64_t page_index = 0;
+  kernels::PageEncoding encoding = kernels::PageEncoding::kBf16;
+  const uint8_t* bytes = nullptr;  // device address of the whole page, header included
+  int64_t byte_length = 0;
+  uint64_t digest64 = 0;
+};
+
+// How a cache on a device moves DevicePages (the CUDA backend implements it).
+class DevicePageAccess {
+ public:
+  struct Copy {
+    const uint8_t* src = nullptr;  // device
+    uint8_t* dst = nullptr;        // device
+    int64_t bytes = 0;
+    uint64_t digest64 = 0;
+  };
+  virtual ~DevicePageAccess() = default;
+  // Copies every page device to device; DataLoss naming the page when a digest differs.
+  virtual absl::Status CopyPages(std::span<const Copy> copies) = 0;
+  // A page's bytes in host memory (for a page that must be converted on import), digest checked.
+  virtual absl::StatusOr<std::string> ReadPage(const DevicePage& page) = 0;
+};
+
 class KvCache {
  public:
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const kernels::KvGeometry& geometry,
@@ -222,16 +251,23 @@ class KvCache {
   // A page that is INT2 history at N*64 tokens needs an INT2 copy unless the demotion clips are
   // set (then a BF16 copy is demoted on import). Returns N (0 for no pages);
   // InvalidArgument naming the page and the problem otherwise.
+  // `device_pages` come after `pages` in the same roles (a device cache only).
   absl::StatusOr<int64_t> CheckCachedPrefix(const PageKey& namespace_key,
                                             std::span<const int32_t> prompt,
-                                            std::span<const std::string> pages) const;
+                                            std::span<const std::string> pages,
+                                            std::span<const DevicePage> device_pages = {}) const;
   // Loads a prefix CheckCachedPrefix accepted into a reserved, empty sequence whose tokens and
   // namespace_key are set: afterwards it holds N*64 tokens exactly as if it had computed them.
   // A page that must be BF16 at that length but came only as INT2 is dequantised into BF16
   // (not exact); the count of those is returned. A page that is history at that length but came
   // only as BF16 is quantised from its BF16 values with the demotion clips, which is bit for bit
   // what the sequence that computed it would have stored once the page left its window.
-  absl::StatusOr<int64_t> ImportPrefix(SequenceKv& seq, std::span<const std::string> pages);
+  // Device pages already in the form the sequence needs are copied into their slots device to
+  // device through `access` (one gather, digests checked); one that needs converting is read to
+  // the host first. A failed copy is DataLoss and the sequence keeps no slot of the prefix.
+  absl::StatusOr<int64_t> ImportPrefix(SequenceKv& seq, std::span<const std::string> pages,
+                                       std::span<const DevicePage> device_pages = {},
+                                       DevicePageAccess* access = nullptr);
 
   // Bytes of KV data held by a sequence (its slots, headers included).
   int64_t SequenceBytes(const SequenceKv& seq) const;

@@ -53,10 +53,15 @@ absl::StatusOr<uint64_t> Scheduler::Submit(GenerationRequest request) {
         ") needs more KV pages than this engine's cache holds; shorten the prompt or lower "
         "max_tokens"));
   }
-  if (!request.cached_pages.empty()) {
-    KV_RETURN_IF_ERROR(
-        cache_->CheckCachedPrefix(request.namespace_key, request.prompt, request.cached_pages)
-            .status());
+  if (!request.cached_pages.empty() || !request.device_cached_pages.empty()) {
+    if (!request.device_cached_pages.empty() && backend_->device_page_access() == nullptr) {
+      return absl::InvalidArgumentError(
+          "device_cached_pages: this engine's backend cannot read device pages");
+    }
+    KV_RETURN_IF_ERROR(cache_
+                           ->CheckCachedPrefix(request.namespace_key, request.prompt,
+                                               request.cached_pages, request.device_cached_pages)
+                           .status());
   }
   if (static_cast<int>(waiting_.size()) >= options_.max_waiting) {
     return absl::ResourceExhaustedError(
@@ -139,21 +144,33 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
       continue;
     }
     s.kv.tokens = s.request.prompt;
-    if (!s.request.cached_pages.empty()) {
-      absl::StatusOr<int64_t> dequantised = cache_->ImportPrefix(s.kv, s.request.cached_pages);
+    if (!s.request.cached_pages.empty() || !s.request.device_cached_pages.empty()) {
+      absl::StatusOr<int64_t> dequantised =
+          cache_->ImportPrefix(s.kv, s.request.cached_pages, s.request.device_cached_pages,
+                               backend_->device_page_access());
       if (!dequantised.ok()) {
-        std::fprintf(stderr, "kvstrata: request %s: cached prefix not imported: %s\n",
+        // A cached prefix that cannot be imported (a device page that failed its digest, a
+        // copy that failed) is a miss: the sequence computes its whole prompt instead.
+        std::fprintf(stderr,
+                     "kvstrata: request %s: cached prefix not imported (%s); prefilling the "
+                     "whole prompt\n",
                      s.request.request_id.c_str(),
                      std::string(dequantised.status().message()).c_str());
-        Finish(s, FinishReason::kError, events);
-        waiting_.pop_front();
-        continue;
+        cache_->Release(s.kv);
+        s.kv = SequenceKv{.tokens = s.request.prompt, .namespace_key = s.request.namespace_key};
+        if (absl::Status again = cache_->Reserve(s.kv, total); !again.ok()) {
+          Finish(s, FinishReason::kError, events);
+          waiting_.pop_front();
+          continue;
+        }
+      } else {
+        s.prefilled = s.kv.num_tokens;
+        s.cached_tokens = static_cast<int>(s.kv.num_tokens);
+        s.recent_window_from_int2_pages = static_cast<int>(*dequantised);
       }
-      s.prefilled = s.kv.num_tokens;
-      s.cached_tokens = static_cast<int>(s.kv.num_tokens);
-      s.recent_window_from_int2_pages = static_cast<int>(*dequantised);
       s.request.cached_pages.clear();
       s.request.cached_pages.shrink_to_fit();
+      s.request.device_cached_pages.clear();
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();

@@ -36,6 +36,10 @@ struct GenerationRequest {
   // rest. Submit rejects a corrupt page, a wrong key or a wrong shape with InvalidArgument; the
   // caller counts the miss and may resubmit without cached_pages (a full prefill).
   std::vector<std::string> cached_pages;
+  // More of the cached prefix, in the device memory of another process on this GPU (the GPU
+  // kvstore's pool, mapped here): imported device to device. The memory must stay mapped and
+  // the pages leased until the request's first event.
+  std::vector<DevicePage> device_cached_pages;
   // When true, the final event carries the sequence's full pages (published_pages), and the
   // event of the first generated token, if the sequence goes on, its full prompt pages
   // (prompt_pages), so they can be shared while it decodes.

@@ -15,6 +15,7 @@
 #include "core/status_macros.h"
 #include "engine/cuda/cublas_library.h"
 #include "engine/cuda/cuda_util.h"
+#include "engine/cuda/device_page_copy.h"
 #include "engine/cuda/device_sampler.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/chunk_attention.h"
@@ -130,6 +131,7 @@ class CudaBackend final : public Backend {
   absl::Status Init();
   int vocab_size() const override { return cfg_.vocab_size; }
   ForwardTiming last_timing() const override { return timing_; }
+  DevicePageAccess* device_page_access() override { return page_access_.get(); }
   std::string Describe() const override {
     absl::StatusOr<std::string> d = DescribeCudaDevice(device_);
     return absl::StrCat(d.ok() ? *d : absl::StrCat("cuda:", device_), ", ", GemmTypeName(type_),
@@ -174,6 +176,7 @@ class CudaBackend final : public Backend {
   int decode_ctas_per_sm_ = 1;
 
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaDevicePageAccess> page_access_;
   const CublasLibrary* blas_lib_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
@@ -233,6 +236,7 @@ absl::Status CudaBackend::Init() {
   decode_ctas_per_sm_ = kernels::SplitDecodeCtasPerSm(
       cfg_.head_dim, cache_->split() ? cache_->int2_encoding() : kernels::PageEncoding::kBf16);
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_), "cudaStreamCreate");
+  page_access_ = std::make_unique<CudaDevicePageAccess>(device_, stream_);
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_), "cudaEventCreate");
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_), "cudaEventCreate");
   KV_ASSIGN_OR_RETURN(blas_lib_, OpenCublas());

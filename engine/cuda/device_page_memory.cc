@@ -6,6 +6,9 @@
 
 #include <cstdio>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvstrata::engine {
@@ -22,6 +25,7 @@ struct Driver {
   decltype(&cuMemUnmap) unmap = nullptr;
   decltype(&cuMemSetAccess) set_access = nullptr;
   decltype(&cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&cuMemImportFromShareableHandle) import_handle = nullptr;
   absl::Status status;
 };
 
@@ -51,6 +55,7 @@ const Driver& GetDriver() {
     find("cuMemUnmap", &d->unmap);
     find("cuMemSetAccess", &d->set_access);
     find("cuMemExportToShareableHandle", &d->export_handle);
+    find("cuMemImportFromShareableHandle", &d->import_handle);
     return d;
   }();
   return *driver;
@@ -161,6 +166,86 @@ absl::StatusOr<int> DevicePageMemory::ExportHandle() const {
     return DriverError(r, "cuMemExportToShareableHandle", device_);
   }
   return fd;
+}
+
+absl::StatusOr<std::unique_ptr<ImportedPageMemory>> ImportedPageMemory::Import(int device, int fd,
+                                                                               int64_t bytes) {
+  struct CloseFd {
+    int fd;
+    ~CloseFd() { close(fd); }
+  } closer{fd};
+  const Driver& d = GetDriver();
+  if (!d.status.ok()) return d.status;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+  }
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t granularity = 0;
+  if (CUresult r = d.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemGetAllocationGranularity", device);
+  }
+  std::unique_ptr<ImportedPageMemory> m(new ImportedPageMemory);
+  m->device_ = device;
+  m->size_ = bytes;
+  m->reserved_ = (std::max<int64_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+  CUmemGenericAllocationHandle handle;
+  if (CUresult r = d.import_handle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemImportFromShareableHandle", device);
+  }
+  m->handle_ = handle;
+  CUdeviceptr address = 0;
+  if (CUresult r = d.reserve(&address, static_cast<size_t>(m->reserved_), granularity, 0, 0);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemAddressReserve", device);
+  }
+  m->address_ = address;
+  if (CUresult r = d.map(address, static_cast<size_t>(m->reserved_), 0, handle, 0);
+      r != CUDA_SUCCESS) {
+    m->address_ = 0;
+    d.address_free(address, static_cast<size_t>(m->reserved_));
+    return DriverError(r, "cuMemMap (an imported pool)", device);
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = d.set_access(address, static_cast<size_t>(m->reserved_), &access, 1);
+      r != CUDA_SUCCESS) {
+    return DriverError(r, "cuMemSetAccess (an imported pool)", device);
+  }
+  return m;
+}
+
+ImportedPageMemory::~ImportedPageMemory() {
+  const Driver& d = GetDriver();
+  if (!d.status.ok()) return;
+  if (address_ != 0) {
+    d.unmap(address_, static_cast<size_t>(reserved_));
+    d.address_free(address_, static_cast<size_t>(reserved_));
+  }
+  if (handle_ != 0) d.release(handle_);
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> GpuUuidAndName(int device) {
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("cuda:", device, ": no CUDA device is usable here (",
+                                               cudaGetErrorString(e), ")"));
+  }
+  const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    absl::StrAppend(&uuid, absl::Hex(u[i], absl::kZeroPad2));
+  }
+  return std::make_pair(uuid, std::string(prop.name));
 }
 
 PageMemoryAllocator DevicePageMemoryAllocator(int device) {

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
@@ -43,6 +45,31 @@ class DevicePageMemory final : public PageMemory {
   unsigned long long handle_ = 0;  // CUmemGenericAllocationHandle
   unsigned long long address_ = 0;  // CUdeviceptr
 };
+
+// Another process's page memory on the same GPU (the GPU kvstore's HBM pool), mapped into this
+// process from the file descriptor ExportHandle made: device pointers into it are valid here
+// while the object lives. Mapped read-write (the driver refuses read-only device mappings on
+// some GPUs); this process only reads it.
+class ImportedPageMemory {
+ public:
+  // Takes ownership of `fd` (closed here, mapped or not). `bytes` is the exported size.
+  static absl::StatusOr<std::unique_ptr<ImportedPageMemory>> Import(int device, int fd,
+                                                                   int64_t bytes);
+  ~ImportedPageMemory();
+  const uint8_t* data() const { return reinterpret_cast<const uint8_t*>(address_); }
+  int64_t size() const { return size_; }
+
+ private:
+  ImportedPageMemory() = default;
+  int device_ = 0;
+  int64_t size_ = 0;
+  int64_t reserved_ = 0;
+  unsigned long long handle_ = 0;
+  unsigned long long address_ = 0;
+};
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" and the name of `device`.
+absl::StatusOr<std::pair<std::string, std::string>> GpuUuidAndName(int device);
 
 // An allocator for KvCacheOptions::allocate_page_memory on `device`.
 PageMemoryAllocator DevicePageMemoryAllocator(int device);

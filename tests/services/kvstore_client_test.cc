@@ -316,7 +316,9 @@ TEST(KvStoreRingTest, AStoreThatKeepsFailingIsEjectedForAWhileAndOnlyItsChainsMo
     const std::string now = ring.ForChain(keys[i])->address();
     EXPECT_EQ(now, "127.0.0.1:2") << "chain " << i;
     moved += home[i] != now;
-    if (home[i] != down) EXPECT_EQ(now, home[i]) << "a chain of the healthy store moved";
+    if (home[i] != down) {
+      EXPECT_EQ(now, home[i]) << "a chain of the healthy store moved";
+    }
   }
   EXPECT_GT(moved, 0);
   absl::SleepFor(absl::Milliseconds(350));

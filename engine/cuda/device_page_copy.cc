@@ -1,0 +1,106 @@
+#include "engine/cuda/device_page_copy.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/page_digest.h"
+#include "kernels/cuda/page_gather.h"
+
+namespace kvstrata::engine {
+namespace {
+
+absl::Status CudaError(cudaError_t e, const char* what, int device) {
+  return absl::InternalError(
+      absl::StrCat(what, " on cuda:", device, " (importing device pages): ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+CudaDevicePageAccess::~CudaDevicePageAccess() {
+  cudaFree(copies_);
+  cudaFree(sums_);
+  cudaFree(mismatch_);
+}
+
+absl::Status CudaDevicePageAccess::Reserve(int pages) {
+  if (pages <= capacity_) return absl::OkStatus();
+  const int n = std::max(pages, 2 * capacity_);
+  cudaFree(copies_);
+  cudaFree(sums_);
+  cudaFree(mismatch_);
+  copies_ = nullptr;
+  sums_ = nullptr;
+  mismatch_ = nullptr;
+  capacity_ = 0;
+  if (cudaError_t e = cudaMalloc(&copies_, sizeof(kernels::PageCopy) * n); e != cudaSuccess) {
+    return CudaError(e, "cudaMalloc", device_);
+  }
+  if (cudaError_t e = cudaMalloc(&sums_, sizeof(unsigned long long) * n); e != cudaSuccess) {
+    return CudaError(e, "cudaMalloc", device_);
+  }
+  if (cudaError_t e = cudaMalloc(&mismatch_, sizeof(uint32_t) * n); e != cudaSuccess) {
+    return CudaError(e, "cudaMalloc", device_);
+  }
+  capacity_ = n;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevicePageAccess::CopyPages(std::span<const Copy> copies) {
+  if (copies.empty()) return absl::OkStatus();
+  const int n = static_cast<int>(copies.size());
+  if (absl::Status s = Reserve(n); !s.ok()) return s;
+  std::vector<kernels::PageCopy> host(n);
+  uint64_t max_bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    host[i] = {.src = copies[i].src,
+               .dst = copies[i].dst,
+               .bytes = static_cast<uint64_t>(copies[i].bytes),
+               .expected_digest = copies[i].digest64};
+    max_bytes = std::max(max_bytes, host[i].bytes);
+  }
+  if (cudaError_t e = cudaMemcpyAsync(copies_, host.data(), sizeof(kernels::PageCopy) * n,
+                                      cudaMemcpyHostToDevice, stream_);
+      e != cudaSuccess) {
+    return CudaError(e, "cudaMemcpyAsync", device_);
+  }
+  if (cudaError_t e = kernels::LaunchPageGather(
+          {.copies = static_cast<const kernels::PageCopy*>(copies_), .num_pages = n,
+           .max_page_bytes = max_bytes, .sums = sums_, .mismatch = mismatch_},
+          stream_);
+      e != cudaSuccess) {
+    return CudaError(e, "the page gather kernel", device_);
+  }
+  std::vector<uint32_t> mismatch(n);
+  if (cudaError_t e = cudaMemcpyAsync(mismatch.data(), mismatch_, sizeof(uint32_t) * n,
+                                      cudaMemcpyDeviceToHost, stream_);
+      e != cudaSuccess) {
+    return CudaError(e, "cudaMemcpyAsync", device_);
+  }
+  if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+    return CudaError(e, "the page gather", device_);
+  }
+  const int bad = static_cast<int>(std::count(mismatch.begin(), mismatch.end(), 1u));
+  if (bad > 0) {
+    const int first = static_cast<int>(std::find(mismatch.begin(), mismatch.end(), 1u) -
+                                       mismatch.begin());
+    return absl::DataLossError(absl::StrCat(bad, " of ", n, " device pages failed their digest (",
+                                            "the first is the ", first + 1, "th copied)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudaDevicePageAccess::ReadPage(const DevicePage& page) {
+  std::string bytes(static_cast<size_t>(page.byte_length), '\0');
+  if (cudaError_t e = cudaMemcpy(bytes.data(), page.bytes, bytes.size(), cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return CudaError(e, "cudaMemcpy", device_);
+  }
+  if (PageDigest64(bytes.data(), bytes.size()) != page.digest64) {
+    return absl::DataLossError(absl::StrCat("device page ", page.key.ToHex(),
+                                            " failed its digest on the way to the host"));
+  }
+  return bytes;
+}
+
+}  // namespace kvstrata::engine
