@@ -21,6 +21,9 @@
 #   KVSTRATA_KVSTORE_MB [512]     kvstore --capacity_mb
 #   KVSTRATA_DECODE_KV_MB         each worker's --kv_cache_mb (default: the worker's own)
 #   KVSTRATA_DECODE_DEVICE [cpu]  each worker's --device (cuda, cuda:N: both workers on that GPU)
+#   KVSTRATA_KVSTORE_DEVICE       the kvstore's --device (cuda, cuda:N: an HBM pool on that GPU,
+#                                 the same-GPU transport for workers there); empty: host memory
+#   KVSTRATA_KVSTORE_GPU_MB [4096] the kvstore's --gpu_capacity_mb with KVSTRATA_KVSTORE_DEVICE
 #   KVSTRATA_CLUSTER_TIMEOUT [120]       seconds `up` waits for each process to become healthy
 #   KVSTRATA_CLUSTER_STOP_TIMEOUT [20]   seconds `down` waits after SIGTERM before SIGKILL
 set -euo pipefail
@@ -84,7 +87,10 @@ args_of() {
   local common=(--listen="$host:$(port_of "$name")" --metrics_listen="$host:$(metrics_port_of "$name")")
   case $name in
     kvstore)
-      echo "${common[@]}" --capacity_mb="${KVSTRATA_KVSTORE_MB:-512}" --store_id=kvstore-0 ;;
+      local device=()
+      [[ -n ${KVSTRATA_KVSTORE_DEVICE:-} ]] && device=(--device="$KVSTRATA_KVSTORE_DEVICE"
+        --gpu_capacity_mb="${KVSTRATA_KVSTORE_GPU_MB:-4096}" --pool_socket="$dir/kvstore.pool")
+      echo "${common[@]}" --capacity_mb="${KVSTRATA_KVSTORE_MB:-512}" --store_id=kvstore-0 "${device[@]}" ;;
     router)
       echo "${common[@]}" "${model[@]}" --policy="${KVSTRATA_ROUTER_POLICY:-prefix-affinity}" --router_id=router-0 \
         --kvstore="$host:$kvstore_port" --http_port="$router_http" ;;

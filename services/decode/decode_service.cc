@@ -50,6 +50,11 @@ class DecodeMetrics {
         kvstore_errors(r->AddCounter("kvstrata_decode_kvstore_errors_total",
                                      "kvstore calls that failed (treated as a miss), by operation.",
                                      {"op"})),
+        kvstore_transfers(r->AddCounter(
+            "kvstrata_decode_kvstore_transfers_total",
+            "Cached prefixes taken from a kvstore, by transport: grpc_stream (Fetch) or "
+            "same_gpu_pool (the store's HBM pool on this worker's GPU, copied GPU to GPU).",
+            {"transport"})),
         ttft(r->AddHistogram("kvstrata_decode_time_to_first_token_seconds",
                              "RPC accepted until the first token was sent.",
                              LatencyBucketsSeconds())),
@@ -108,7 +113,10 @@ class DecodeMetrics {
             "their prompt's pages, instead of computing them too.")) {
     // Labelled series that exist from the start read as 0 rather than as missing (a family
     // without labels has its one series from the start).
-    for (const char* op : {"lookup", "fetch", "put", "import"}) kvstore_errors.With({op});
+    for (const char* op : {"lookup", "fetch", "put", "import", "transfer"}) {
+      kvstore_errors.With({op});
+    }
+    for (const char* t : {"grpc_stream", "same_gpu_pool"}) kvstore_transfers.With({t});
     for (const char* tier : {"local", "kvstore", "none"}) prompt_tokens.With({tier});
   }
 
@@ -117,6 +125,7 @@ class DecodeMetrics {
   Family<Counter>& prompt_tokens;
   Family<Counter>& generated_tokens;
   Family<Counter>& kvstore_errors;
+  Family<Counter>& kvstore_transfers;
   Family<Histogram>& ttft;
   Family<Histogram>& inter_token;
   Family<Histogram>& e2e;
@@ -323,6 +332,8 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
   if (!options_.kvstore_addresses.empty()) {
     ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
     for (const std::string& a : options_.kvstore_addresses) ring_->AddStore(a);
+    same_gpu_ = std::make_unique<SameGpuPools>(options_.same_gpu_device,
+                                               engine_->cache().int2_encoding());
   }
   engine_thread_ = std::thread([this] { EngineLoop(); });
   publish_thread_ = std::thread([this] { PublishLoop(); });
@@ -382,10 +393,12 @@ void DecodeService::EngineLoop() {
       bool rejected = false;
       if (!stopping) {
         engine::GenerationRequest fallback;
-        const bool had_cache = !s.request.cached_pages.empty();
+        const bool had_cache =
+            !s.request.cached_pages.empty() || !s.request.device_cached_pages.empty();
         if (had_cache) {
           fallback = s.request;
           fallback.cached_pages.clear();
+          fallback.device_cached_pages.clear();
         }
         id = engine_->Submit(std::move(s.request));
         if (!id.ok() && had_cache && id.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -541,9 +554,9 @@ void DecodeService::StoreLocal(const std::string& request_id,
   UpdateLocalGauges(local_pages_.get(), *metrics_);
 }
 
-std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& request_id,
-                                                          const std::vector<PageKey>& keys,
-                                                          size_t skip) {
+DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string& request_id,
+                                                             const std::vector<PageKey>& keys,
+                                                             size_t skip) {
   if (ring_ == nullptr || keys.empty() || skip >= keys.size()) return {};
   kvstore::KvStoreClient* client;
   {
@@ -567,19 +580,31 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
             request_id.c_str(), client->address().c_str(), lookup.status().ToString().c_str());
     return {};
   }
-  if (lookup->matched_pages <= skip) {
-    if (lookup->lease_id != 0) client->Release(lookup->lease_id).IgnoreError();
-    return {};
-  }
+  // The lease goes when the last holder lets go: right after a gRPC fetch, or when the request
+  // that imports device pages from the store's pool ends. Failing to release is harmless, the
+  // lease expires on its own.
+  const uint64_t lease_id = lookup->lease_id;
+  std::shared_ptr<void> lease(nullptr, [client, lease_id](void*) {
+    if (lease_id != 0) client->Release(lease_id).IgnoreError();
+  });
+  if (lookup->matched_pages <= skip) return {};
   std::vector<std::pair<PageKey, v1::PageEncoding>> refs;
   for (size_t i = skip; i < lookup->matched_pages && i < keys.size(); ++i) {
     refs.push_back({keys[i], v1::PAGE_ENCODING_UNSPECIFIED});
   }
-  absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lookup->lease_id);
+  FetchedPrefix out;
+  if (same_gpu_ != nullptr && same_gpu_->enabled()) {
+    if (std::optional<std::vector<engine::DevicePage>> device =
+            OpenSameGpuTransfer(client, request_id, refs, lease_id)) {
+      out.device_pages = *std::move(device);
+      out.lease = std::move(lease);
+      metrics_->kvstore_transfers.With({"same_gpu_pool"}).Increment();
+      return out;
+    }
+  }
+  absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lease_id);
   ReportStoreResult(client->address(), fetched.status());
-  // The pages are here (or the fetch failed): let the store evict them again. Failing to is
-  // harmless, the lease expires on its own.
-  if (lookup->lease_id != 0) client->Release(lookup->lease_id).IgnoreError();
+  lease.reset();  // the bytes are here (or the fetch failed)
   if (!fetched.ok()) {
     metrics_->kvstore_errors.With({"fetch"}).Increment();
     fprintf(stderr,
@@ -588,16 +613,53 @@ std::vector<std::string> DecodeService::FetchCachedPrefix(const std::string& req
             fetched.status().ToString().c_str());
     return {};
   }
-  std::vector<std::string> pages;
-  pages.reserve(fetched->size());
+  metrics_->kvstore_transfers.With({"grpc_stream"}).Increment();
+  out.pages.reserve(fetched->size());
   size_t bytes = 0;
   for (kvstore::FetchedPage& p : *fetched) {
     bytes += p.bytes.size();
-    pages.push_back(std::move(p.bytes));
+    out.pages.push_back(std::move(p.bytes));
   }
   metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
-  if (!pages.empty()) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
-  return pages;
+  if (!out.pages.empty()) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
+  return out;
+}
+
+std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfer(
+    kvstore::KvStoreClient* client, const std::string& request_id,
+    const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, uint64_t lease_id) {
+  if (lease_id == 0) return std::nullopt;
+  v1::OpenTransferRequest request;
+  request.set_client_id(options_.worker_id);
+  same_gpu_->Describe(&request);
+  request.set_lease_id(lease_id);
+  for (const auto& [key, encoding] : refs) {
+    v1::PageRef* ref = request.add_pages();
+    ref->set_key(key.ToBytes());
+    ref->set_encoding(encoding);
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = client->OpenTransfer(request);
+  if (!answer.ok()) {
+    // An older store (UNIMPLEMENTED) or one that cannot: the byte stream still works.
+    if (answer.status().code() != absl::StatusCode::kUnimplemented) {
+      fprintf(stderr, "kvstrata-decode: request %s: kvstore %s OpenTransfer: %s (using Fetch)\n",
+              request_id.c_str(), client->address().c_str(), answer.status().ToString().c_str());
+    }
+    return std::nullopt;
+  }
+  if (answer->transport() != v1::TRANSPORT_SAME_GPU_POOL) return std::nullopt;
+  absl::StatusOr<std::vector<engine::DevicePage>> pages = same_gpu_->Pages(*answer);
+  if (!pages.ok()) {
+    metrics_->kvstore_errors.With({"transfer"}).Increment();
+    fprintf(stderr, "kvstrata-decode: request %s: same-GPU pool of kvstore %s: %s (using Fetch)\n",
+            request_id.c_str(), client->address().c_str(), pages.status().ToString().c_str());
+    return std::nullopt;
+  }
+  size_t bytes = 0;
+  for (const engine::DevicePage& p : *pages) bytes += static_cast<size_t>(p.byte_length);
+  metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
+  if (bytes > 0) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
+  return *std::move(pages);
 }
 
 void DecodeService::PublishLoop() {
@@ -778,6 +840,8 @@ struct DecodeService::Call {
   absl::Duration fetch_time;
   std::shared_ptr<RequestChannel> channel;
   std::shared_ptr<Prefilling> prefilling;
+  // Holds the kvstore lease of pages the engine reads from a same-GPU pool, for the call's life.
+  std::shared_ptr<void> kvstore_lease;
   uint64_t sequence_id = 0;
   absl::Time submitted;
   // What has been streamed so far.
@@ -896,9 +960,11 @@ void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& ca
   }
   call.local_pages = static_cast<int>(pages.size());
   const absl::Time fetch_start = absl::Now();
-  std::vector<std::string> fetched = FetchCachedPrefix(call.request_id, call.keys, pages.size());
+  FetchedPrefix fetched = FetchCachedPrefix(call.request_id, call.keys, pages.size());
   call.kvstore_pages = static_cast<int>(fetched.size());
-  for (std::string& page : fetched) pages.push_back(std::move(page));
+  for (std::string& page : fetched.pages) pages.push_back(std::move(page));
+  call.engine_request.device_cached_pages = std::move(fetched.device_pages);
+  call.kvstore_lease = std::move(fetched.lease);
   call.fetch_time = absl::Now() - fetch_start;
 }
 

@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@
 #include "services/common/generation_service.h"
 #include "services/decode/local_pages.h"
 #include "services/decode/registration.h"
+#include "services/decode/same_gpu_pools.h"
 #include "services/kvstore/client.h"
 
 namespace kvstrata::decode {
@@ -48,6 +50,9 @@ struct DecodeServiceOptions {
   // kvstore addresses behind a consistent-hash ring; empty = no kvstore (every prefix a miss).
   std::vector<std::string> kvstore_addresses;
   kvstore::KvStoreClientOptions kvstore_client;
+  // The CUDA device the engine runs on, or -1: with a device, kvstores on the same GPU are asked
+  // for the same-GPU transport (their HBM pool mapped here, pages copied GPU to GPU).
+  int same_gpu_device = -1;
   // Capacity of the local page tier in bytes; 0 = no local tier.
   int64_t local_cache_bytes = int64_t{256} << 20;
   // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
@@ -161,8 +166,19 @@ class DecodeService final : public GenerationService {
   // The pages keys[skip..n) where keys[0..n) is the longest prefix the kvstore holds, fetched;
   // empty on a miss, a store error or n <= skip. The lookup is always of the whole list: a
   // chain lives on the node chosen by its first key and is anchored at page 0.
-  std::vector<std::string> FetchCachedPrefix(const std::string& request_id,
-                                             const std::vector<PageKey>& keys, size_t skip);
+  struct FetchedPrefix {
+    std::vector<std::string> pages;               // by gRPC
+    std::vector<engine::DevicePage> device_pages; // or in a same-GPU kvstore's pool
+    std::shared_ptr<void> lease;                  // released when the last holder lets go
+    size_t size() const { return pages.size() + device_pages.size(); }
+  };
+  FetchedPrefix FetchCachedPrefix(const std::string& request_id, const std::vector<PageKey>& keys,
+                                  size_t skip);
+  // The same-GPU pool's pages for `refs`, under `lease_id`; nullopt when the store answers
+  // another transport or anything fails (then Fetch).
+  std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
+      kvstore::KvStoreClient* client, const std::string& request_id,
+      const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, uint64_t lease_id);
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
@@ -198,6 +214,7 @@ class DecodeService final : public GenerationService {
 
   std::mutex ring_mu_;
   std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore
+  std::unique_ptr<SameGpuPools> same_gpu_;
 
   mutable std::mutex mu_;
   std::condition_variable engine_cv_;

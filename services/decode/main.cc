@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, rotations, "",
           "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
           "'identity' for none.");
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
+ABSL_FLAG(bool, same_gpu_transport, true,
+          "With --device cuda: ask kvstores for the same-GPU transport (a GPU kvstore on this "
+          "GPU hands over its HBM pool; pages are copied GPU to GPU instead of by gRPC).");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda / cuda:N (weights and KV cache on that GPU).");
 ABSL_FLAG(std::string, gpu_weights, "auto",
@@ -122,6 +125,9 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   }
   config.engine.device = *device;
+  if (device->cuda && absl::GetFlag(FLAGS_same_gpu_transport)) {
+    config.service.same_gpu_device = device->index;
+  }
   absl::StatusOr<engine::GpuWeights> weights =
       engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
   if (!weights.ok()) {

@@ -1,0 +1,120 @@
+#include "services/decode/same_gpu_pools.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "core/radix_hash.h"
+#include "transport/pool_socket.h"
+
+#ifdef KVSTRATA_HAVE_CUDA
+#include "engine/cuda/device_page_memory.h"
+#endif
+
+namespace kvstrata::decode {
+
+#ifdef KVSTRATA_HAVE_CUDA
+struct SameGpuPools::Mapping {
+  std::unique_ptr<engine::ImportedPageMemory> memory;
+};
+#else
+struct SameGpuPools::Mapping {};
+#endif
+
+SameGpuPools::SameGpuPools(int cuda_device, kernels::PageEncoding int2_encoding)
+    : device_(cuda_device), int2_encoding_(int2_encoding) {
+#ifdef KVSTRATA_HAVE_CUDA
+  if (device_ < 0) return;
+  absl::StatusOr<std::pair<std::string, std::string>> id = engine::GpuUuidAndName(device_);
+  if (!id.ok()) return;
+  gpu_uuid_ = id->first;
+  boot_id_ = transport::HostBootId();
+  enabled_ = !boot_id_.empty();
+#endif
+}
+
+SameGpuPools::~SameGpuPools() = default;
+
+void SameGpuPools::Describe(v1::OpenTransferRequest* request) const {
+  request->mutable_device()->set_cuda_device(static_cast<uint32_t>(std::max(device_, 0)));
+  request->mutable_device()->set_gpu_uuid(gpu_uuid_);
+  request->mutable_device()->set_host_boot_id(boot_id_);
+  if (enabled_) request->add_transports(v1::TRANSPORT_SAME_GPU_POOL);
+  request->add_transports(v1::TRANSPORT_GRPC_STREAM);
+}
+
+int SameGpuPools::pools_mapped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(pools_.size());
+}
+
+absl::StatusOr<std::vector<engine::DevicePage>> SameGpuPools::Pages(
+    const v1::OpenTransferResponse& answer) {
+#ifdef KVSTRATA_HAVE_CUDA
+  const v1::SameGpuPool& pool = answer.pool();
+  const uint8_t* base = nullptr;
+  int64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pools_.find(pool.pool_id());
+    if (it == pools_.end()) {
+      absl::StatusOr<transport::PoolHandle> handle =
+          transport::ReceivePoolHandle(pool.socket_path());
+      if (!handle.ok()) return handle.status();
+      if (handle->pool_id != pool.pool_id()) {
+        close(handle->fd);
+        return absl::FailedPreconditionError(
+            absl::StrCat("pool socket ", pool.socket_path(), " hands out pool ", handle->pool_id,
+                         ", not ", pool.pool_id(), " (the store restarted)"));
+      }
+      absl::StatusOr<std::unique_ptr<engine::ImportedPageMemory>> memory =
+          engine::ImportedPageMemory::Import(device_, handle->fd,
+                                             static_cast<int64_t>(handle->pool_bytes));
+      if (!memory.ok()) return memory.status();
+      fprintf(stderr, "kvstrata-decode: mapped the kvstore pool %016llx (%s, %.1f GiB) on cuda:%d\n",
+              static_cast<unsigned long long>(pool.pool_id()), pool.socket_path().c_str(),
+              handle->pool_bytes / double(1 << 30), device_);
+      // A worker maps each store's pool once; stale pools (a restarted store) stay mapped until
+      // the worker exits, which keeps their memory allocated on the GPU.
+      auto mapping = std::make_unique<Mapping>();
+      mapping->memory = *std::move(memory);
+      it = pools_.emplace(pool.pool_id(), std::move(mapping)).first;
+    }
+    base = it->second->memory->data();
+    size = it->second->memory->size();
+  }
+  std::vector<engine::DevicePage> pages;
+  pages.reserve(answer.segments_size());
+  for (const v1::TransferSegment& s : answer.segments()) {
+    const v1::PageHeader& h = s.header();
+    if (s.offset_bytes() + h.byte_length() > static_cast<uint64_t>(size)) {
+      return absl::DataLossError("a transfer segment lies outside the kvstore pool");
+    }
+    absl::StatusOr<PageKey> key = PageKey::FromBytes(h.key());
+    absl::StatusOr<PageKey> parent = PageKey::FromBytes(h.parent_key());
+    if (!key.ok() || !parent.ok()) return absl::DataLossError("a transfer segment's keys");
+    kernels::PageEncoding encoding = kernels::PageEncoding::kBf16;
+    if (h.encoding() == v1::PAGE_ENCODING_INT2) {
+      encoding = int2_encoding_;
+    } else if (h.encoding() != v1::PAGE_ENCODING_BF16 &&
+               h.encoding() != v1::PAGE_ENCODING_BF16_RECENT) {
+      return absl::DataLossError("a transfer segment's encoding");
+    }
+    pages.push_back({.key = *key,
+                     .parent_key = *parent,
+                     .page_index = h.page_index(),
+                     .encoding = encoding,
+                     .bytes = base + s.offset_bytes(),
+                     .byte_length = static_cast<int64_t>(h.byte_length()),
+                     .digest64 = s.digest64()});
+  }
+  return pages;
+#else
+  (void)answer;
+  return absl::UnimplementedError("built without CUDA");
+#endif
+}
+
+}  // namespace kvstrata::decode

@@ -1,0 +1,48 @@
+#pragma once
+
+// The decode worker's side of the same-GPU transport (docs/api.md#opentransfer): when the worker
+// runs on a GPU, it tells a kvstore which GPU (and host) it is on; a store holding pages in an
+// HBM pool on that very GPU answers with offsets into the pool, which this class maps once per
+// pool (its descriptor received over the store's pool socket) and turns into engine DevicePages
+// that the CUDA engine copies into its own cache with one gather kernel.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/kv_cache.h"
+#include "kvstrata/v1/kvstore.pb.h"
+
+namespace kvstrata::decode {
+
+class SameGpuPools {
+ public:
+  // `cuda_device` < 0 (a CPU worker, or the transport turned off): never asks for the pool.
+  // `int2_encoding`: the engine's history encoding (the wire says only "INT2").
+  SameGpuPools(int cuda_device, kernels::PageEncoding int2_encoding);
+  ~SameGpuPools();
+
+  bool enabled() const { return enabled_; }
+  // This worker's device and the transports it takes, in its order.
+  void Describe(v1::OpenTransferRequest* request) const;
+  // The answer's pages as device pages in the mapped pool, mapping it first if it is new.
+  // Errors (the pool socket, the mapping, a segment outside the pool) mean: fetch by gRPC.
+  absl::StatusOr<std::vector<engine::DevicePage>> Pages(const v1::OpenTransferResponse& answer);
+  int pools_mapped() const;
+
+ private:
+  struct Mapping;
+  const int device_;
+  const kernels::PageEncoding int2_encoding_;
+  bool enabled_ = false;
+  std::string gpu_uuid_;
+  std::string boot_id_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::unique_ptr<Mapping>> pools_;  // by pool_id
+};
+
+}  // namespace kvstrata::decode
