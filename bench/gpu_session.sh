@@ -10,6 +10,8 @@
 #
 # pack prints the calls it needs. kernels: unpacks the binaries, keeps the first part of the
 # model, runs the kernel GPU tests. stage: keeps one more part.
+# transport: joins the model, runs kvstrata_bench_transport and a cluster whose kvstore keeps
+#          pages in an HBM pool beside two GPU workers (carry as for engine).
 # engine:  joins the model (checked against its SHA-256), runs the CUDA engine test against the
 #          CPU engine, `kvstrata bench-engine --device cuda` (batch 1, 8, 32, both formats), and
 #          a local cluster whose two decode workers serve from the GPU (demo-chat through the
@@ -17,17 +19,28 @@
 #          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bench/gpu_session.sh pack|kernels|stage N|engine}
+step=${1:?usage: bench/gpu_session.sh pack|kernels|stage N|engine|transport}
 work=/tmp/kvstrata-gpu
 out=${OUT:-bench-out}
 mkdir -p "$out"
+
+# Joins the model's parts (the last one carried by this call) and checks its SHA-256.
+join_model() {
+  cp .devpack/model.[0-9]* "$work/"
+  cat $(ls "$work"/model.[0-9]* | sort -t. -k2 -n) >"$work/model.gguf"
+  if ! echo "$(cat .devpack/model.sha256)  $work/model.gguf" | sha256sum -c --quiet; then
+    echo "gpu_session: the joined model does not match its SHA-256" >&2
+    return 1
+  fi
+  export KVSTRATA_MODEL=$work/model.gguf
+}
 
 case $step in
   pack)
     model=${KVSTRATA_MODEL:-${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     ../shared/tools/device-pack build/bin/kvstrata build/bin/kvstrata-decode \
-      build/bin/kvstrata-router build/bin/kvstrata-kvstore build/tests/kernels/*_gpu_test \
-      build/tests/engine/engine_cuda_gpu_test >/dev/null
+      build/bin/kvstrata-router build/bin/kvstrata-kvstore build/bin/kvstrata_bench_transport \
+      build/tests/kernels/*_gpu_test build/tests/engine/engine_cuda_gpu_test >/dev/null
     strip -s .device/bin/* 2>/dev/null
     mkdir -p .devpack
     grep -qxF "/.devpack/" .git/info/exclude || echo "/.devpack/" >>.git/info/exclude
@@ -66,13 +79,7 @@ case $step in
     ;;
   engine)
     source "$work/device/env.sh"
-    cp .devpack/model.[0-9]* "$work/"
-    cat $(ls "$work"/model.[0-9]* | sort -t. -k2 -n) >"$work/model.gguf"
-    if ! echo "$(cat .devpack/model.sha256)  $work/model.gguf" | sha256sum -c --quiet; then
-      echo "gpu_session: the joined model does not match its SHA-256" >&2
-      exit 1
-    fi
-    export KVSTRATA_MODEL=$work/model.gguf
+    join_model || exit 1
     status=0
     echo "== engine_cuda_gpu_test"
     engine_cuda_gpu_test --gtest_filter="${KVSTRATA_GPU_TEST_FILTER:-*}" 2>&1 |
@@ -115,6 +122,56 @@ case $step in
       tee -a "$out/demo_chat.log"
     scripts/cluster.sh down >/dev/null 2>&1
     grep -h "serving kvstrata.v1.Generation" "$work"/cluster/decode-*.log | head -2
+    exit $status
+    ;;
+  transport)
+    # The same-GPU transport: its benchmark (fetch times beside gRPC, with its own checks), then
+    # a cluster whose kvstore keeps pages in an HBM pool on the GPU both workers use: a prompt
+    # computed on decode-0 is answered again by decode-1 from the store's pool, and must give the
+    # same greedy text; then the store is killed and decode-1 still answers (a miss).
+    source "$work/device/env.sh"
+    join_model || exit 1
+    status=0
+    echo "== kvstrata_bench_transport"
+    kvstrata_bench_transport --json="$out/transport.json" 2>&1 | grep -v "^kvstore: evicting" |
+      tee "$out/transport_bench.log" || status=1
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    echo "== a cluster with the kvstore on the GPU"
+    export KVSTRATA_CLUSTER_DIR=$work/cluster-t BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
+      KVSTRATA_KVSTORE_DEVICE=cuda KVSTRATA_CLUSTER_ROUTER=0 \
+      KVSTRATA_DECODE0_PORT=58171 KVSTRATA_DECODE0_METRICS_PORT=59571 KVSTRATA_DECODE1_PORT=58172 \
+      KVSTRATA_DECODE1_METRICS_PORT=59572 KVSTRATA_KVSTORE_PORT=58161 \
+      KVSTRATA_KVSTORE_METRICS_PORT=59561
+    scripts/cluster.sh up >"$out/cluster_transport.log" 2>&1 || { tail -20 "$out/cluster_transport.log"; exit 1; }
+    grep -h "serving kvstrata.v1.KvStore" "$work"/cluster-t/kvstore.log | tee -a "$out/transport_e2e.log"
+    prompt="$(head -c 6000 README.md) Summarise the text above in one sentence."
+    for w in 0 1; do
+      kvstrata request --target=127.0.0.1:5817$((w + 1)) --prompt="$prompt" --max_tokens=32 \
+        --temperature=0 >"$out/answer$w.txt" 2>"$out/usage$w.txt" || status=1
+      cat "$out/usage$w.txt" | tee -a "$out/transport_e2e.log"
+      sleep 2  # decode-0 publishes its pages to the kvstore in the background
+    done
+    if cmp -s "$out/answer0.txt" "$out/answer1.txt"; then
+      echo "same greedy text on decode-1 (pages from the kvstore's pool) as on decode-0 (computed)" |
+        tee -a "$out/transport_e2e.log"
+    else
+      echo "DIFFERENT greedy text:" | tee -a "$out/transport_e2e.log"; diff "$out/answer0.txt" "$out/answer1.txt" | head; status=1
+    fi
+    grep -q "cached_kvstore=[1-9]" "$out/usage1.txt" || { echo "decode-1 took nothing from the kvstore"; status=1; }
+    curl -s http://127.0.0.1:59572/metrics | grep -E "^kvstrata_decode_kvstore_(transfers|errors)_total" |
+      tee -a "$out/transport_e2e.log"
+    curl -s http://127.0.0.1:59561/metrics | grep -E "^kvstrata_kvstore_(transfers_total|tier_)" |
+      tee -a "$out/transport_e2e.log"
+    curl -s http://127.0.0.1:59572/metrics | grep -q 'kvstrata_decode_kvstore_transfers_total{transport="same_gpu_pool"} [1-9]' ||
+      { echo "decode-1 did not use the same-GPU pool"; status=1; }
+    grep -h "mapped the kvstore pool" "$work"/cluster-t/decode-*.log | tee -a "$out/transport_e2e.log"
+    echo "== the kvstore killed: decode-1 still answers a new prompt" | tee -a "$out/transport_e2e.log"
+    kill -9 "$(cat "$work/cluster-t/kvstore.pid")"
+    kvstrata request --target=127.0.0.1:58172 --prompt="$(tail -c 5000 README.md) Summarise." \
+      --max_tokens=16 --temperature=0 >/dev/null 2>"$out/usage2.txt" || status=1
+    tee -a "$out/transport_e2e.log" <"$out/usage2.txt"
+    scripts/cluster.sh down >/dev/null 2>&1
+    cp "$work"/cluster-t/*.log "$out/" 2>/dev/null
     exit $status
     ;;
   *)
