@@ -57,6 +57,9 @@ ABSL_FLAG(int, budget_context, 102400, "context of the same-memory throughput ru
 ABSL_FLAG(std::string, prefill_contexts, "8192,32768", "prompt lengths timed by real prefill");
 ABSL_FLAG(std::string, gpu_weights, "auto", "weights on the GPU: auto, bf16, fp16, fp32");
 ABSL_FLAG(int, device, 0, "CUDA device");
+ABSL_FLAG(int, graph_history_buckets, 16,
+          "decode graphs per batch size (EngineOptions::cuda_graph_history_buckets; 1: one "
+          "graph planned for the whole context)");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 
 namespace kvstrata {
@@ -397,6 +400,7 @@ int Main() {
     o.device.index = absl::GetFlag(FLAGS_device);
     o.gpu_weights = *weights;
     o.cuda_graphs = true;
+    o.cuda_graph_history_buckets = absl::GetFlag(FLAGS_graph_history_buckets);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

@@ -66,6 +66,10 @@ struct EngineOptions {
   // cuda: decode steps replay a CUDA graph captured once per batch size (false: every kernel is
   // launched each step; the same arithmetic, for debugging and comparison).
   bool cuda_graphs = true;
+  // cuda: a graph is captured per batch size and history bucket (the batch's longest history
+  // rounded up to 1/buckets of the model's context), so short histories are not planned as
+  // long ones. 1: one graph per batch size, planned for the whole context.
+  int cuda_graph_history_buckets = 16;
   // cuda: a request without top-k, top-p or min-p filters and top_logprobs has its tokens drawn
   // on the GPU (the host's arithmetic; only the token is copied back). false: every row of
   // logits is copied to the host and sampled there.

@@ -202,8 +202,9 @@ class CudaBackend final : public Backend {
   int max_logit_rows_ = 0;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   ForwardTiming timing_;
-  // Decode steps of B sequences, captured once and replayed: B -> graph.
-  std::map<int, cudaGraphExec_t> decode_graphs_;
+  // Decode steps of B sequences, captured once per history bucket and replayed:
+  // (B, history pages planned for) -> graph.
+  std::map<std::pair<int, int>, cudaGraphExec_t> decode_graphs_;
   DeviceSampler sampler_;
 };
 
@@ -542,8 +543,16 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
     }
     last_logit_row.push_back(static_cast<int32_t>(logit_rows.size()) - 1);
   }
-  if (graph) {  // the graph was sized for the longest sequence the model takes
-    max_history = max_pages;
+  // A graph's split decode is planned for a history length: the batch's longest, rounded up to
+  // 1/graph_history_buckets of the model's context, so a step replays the graph of its bucket;
+  // planning for the whole context would spread a short history over a grid sized for the
+  // longest.
+  int history_bucket = 0;
+  if (graph) {
+    const int buckets = options_.graph_history_buckets;
+    const int step = std::max(1, (max_pages + buckets - 1) / buckets);
+    history_bucket = std::min(max_pages, std::max(1, (max_history + step - 1) / step) * step);
+    max_history = history_bucket;
     max_window_pages = max_window;
     max_len = c_len.empty() ? 0 : 1;
   }
@@ -650,7 +659,7 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
 
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start_, stream_), "cudaEventRecord");
   if (graph) {
-    auto it = decode_graphs_.find(B);
+    auto it = decode_graphs_.find({B, history_bucket});
     if (it == decode_graphs_.end()) {
       KV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                               "cudaStreamBeginCapture");
@@ -663,7 +672,7 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
       const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
       cudaGraphDestroy(g);
       KV_CUDA_RETURN_IF_ERROR(made, "cudaGraphInstantiate");
-      it = decode_graphs_.emplace(B, exec).first;
+      it = decode_graphs_.emplace(std::make_pair(B, history_bucket), exec).first;
     }
     KV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
   } else {

@@ -31,6 +31,8 @@ struct CudaBackendOptions {
   int max_items = 16;         // sequences of one forward pass (max_running plus prefills)
   // Decode steps as CUDA graphs, captured once per batch size (false: launched one by one).
   bool decode_graphs = true;
+  // History buckets per batch size (EngineOptions::cuda_graph_history_buckets), >= 1.
+  int graph_history_buckets = 16;
   // Tokens drawn on the GPU for the requests whose sampling allows it (EngineOptions::gpu_sampling).
   bool device_sampling = true;
 };
