@@ -70,9 +70,10 @@ grpc::Status PeerAuthorizer::RequireNames(const std::vector<std::string>& names,
                          " role: the caller presented no verified client certificate (wanted a "
                          "certificate naming one of: ",
                          absl::StrJoin(allowed, ", "), ")")
-          : absl::StrCat(rpc, " needs the ", PeerRoleName(role), " role: the caller's certificate "
-                         "names ", absl::StrJoin(names, ", "), ", none of: ",
-                         absl::StrJoin(allowed, ", "));
+          : absl::StrCat(rpc, " needs the ", PeerRoleName(role),
+                         " role: the caller's certificate "
+                         "names ",
+                         absl::StrJoin(names, ", "), ", none of: ", absl::StrJoin(allowed, ", "));
   if (denied_ != nullptr) {
     denied_->With({std::string(rpc), anonymous ? "UNAUTHENTICATED" : "PERMISSION_DENIED"})
         .Increment();

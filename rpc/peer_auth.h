@@ -21,9 +21,9 @@
 #include <grpcpp/support/status.h>
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "core/metrics.h"
 
 namespace kvstrata::rpc {

@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, tls_worker_names, "kvstrata-decode",
 ABSL_FLAG(std::string, tls_router_names, "kvstrata-router",
           "Comma-separated certificate names (SAN or CN) that hold the router role: sending "
           "generation requests to workers.");
+ABSL_FLAG(std::string, health_listen, "",
+          "Also serve grpc.health.v1 alone, in plaintext, on this address (for Kubernetes gRPC "
+          "probes, which cannot speak TLS). Empty: none.");
 
 namespace kvstrata::rpc {
 namespace {
@@ -38,13 +41,14 @@ std::vector<std::string> Names(const std::string& list) {
 
 absl::StatusOr<SecurityConfig> SecurityFromFlags() {
   SecurityConfig config;
+  config.health_listen = absl::GetFlag(FLAGS_health_listen);
   TlsFiles files{.cert_file = absl::GetFlag(FLAGS_tls_cert),
                  .key_file = absl::GetFlag(FLAGS_tls_key),
                  .ca_file = absl::GetFlag(FLAGS_tls_ca),
                  .reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_s)),
                  .server_name = absl::GetFlag(FLAGS_tls_server_name)};
-  const bool any_tls = !files.cert_file.empty() || !files.key_file.empty() ||
-                       !files.ca_file.empty();
+  const bool any_tls =
+      !files.cert_file.empty() || !files.key_file.empty() || !files.ca_file.empty();
   if (absl::GetFlag(FLAGS_insecure)) {
     if (any_tls) {
       return absl::InvalidArgumentError(
@@ -73,6 +77,21 @@ absl::StatusOr<SecurityConfig> SecurityFromFlags() {
     return absl::InvalidArgumentError("--tls_router_names: must name at least one certificate");
   }
   return config;
+}
+
+absl::StatusOr<TransportSecurity> ClientSecurityFromFlags() {
+  TlsFiles files{.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                 .key_file = absl::GetFlag(FLAGS_tls_key),
+                 .ca_file = absl::GetFlag(FLAGS_tls_ca),
+                 .reload_interval = absl::Seconds(absl::GetFlag(FLAGS_tls_reload_s)),
+                 .server_name = absl::GetFlag(FLAGS_tls_server_name)};
+  if (files.ca_file.empty()) {
+    if (!files.cert_file.empty() || !files.key_file.empty()) {
+      return absl::InvalidArgumentError("--tls_cert, --tls_key: need --tls_ca");
+    }
+    return TransportSecurity::Insecure();
+  }
+  return TransportSecurity::Tls(files);
 }
 
 bool IsSecurityFlagsFile(absl::string_view file) {

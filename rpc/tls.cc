@@ -15,9 +15,9 @@
 #include <sstream>
 #include <utility>
 
-#include "core/check.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 
 namespace kvstrata::rpc {
 namespace {
@@ -54,13 +54,13 @@ struct KeyDeleter {
 using X509Ptr = std::unique_ptr<X509, X509Deleter>;
 
 std::unique_ptr<BIO, BioDeleter> MemoryBio(const std::string& pem) {
-  return std::unique_ptr<BIO, BioDeleter>(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  return std::unique_ptr<BIO, BioDeleter>(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
 }
 
 // The certificates of a PEM file, first first; INVALID_ARGUMENT when there is none.
 absl::StatusOr<std::vector<X509Ptr>> ParseCertificates(const std::string& pem,
-                                                       const std::string& path,
-                                                       const char* what) {
+                                                       const std::string& path, const char* what) {
   std::unique_ptr<BIO, BioDeleter> bio = MemoryBio(pem);
   std::vector<X509Ptr> certs;
   while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
@@ -84,8 +84,8 @@ absl::Status CheckFiles(const TlsFiles& files) {
   }
   absl::StatusOr<std::string> ca = ReadFile(files.ca_file, "TLS CA file");
   if (!ca.ok()) return ca.status();
-  if (absl::StatusOr<std::vector<X509Ptr>> roots = ParseCertificates(*ca, files.ca_file,
-                                                                    "TLS CA file");
+  if (absl::StatusOr<std::vector<X509Ptr>> roots =
+          ParseCertificates(*ca, files.ca_file, "TLS CA file");
       !roots.ok()) {
     return roots.status();
   }
@@ -107,9 +107,8 @@ absl::Status CheckFiles(const TlsFiles& files) {
   std::unique_ptr<EVP_PKEY, KeyDeleter> key(
       PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
   if (key == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("TLS key file \"", files.key_file,
-                                                   "\": not a PEM private key (", OpenSslError(),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TLS key file \"", files.key_file, "\": not a PEM private key (", OpenSslError(), ")"));
   }
   if (X509_check_private_key(leaf, key.get()) != 1) {
     ERR_clear_error();
@@ -134,9 +133,8 @@ absl::StatusOr<TransportSecurity> TransportSecurity::Tls(const TlsFiles& files) 
   security.files_ = files;
   const unsigned int seconds = ReloadSeconds(files.reload_interval);
   if (files.cert_file.empty()) {
-    security.provider_ =
-        std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(files.ca_file,
-                                                                             seconds);
+    security.provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        files.ca_file, seconds);
   } else {
     security.provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
         files.key_file, files.cert_file, files.ca_file, seconds);
