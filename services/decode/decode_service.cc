@@ -968,6 +968,12 @@ void DecodeService::CountFinished(const Call& call, v1::FinishReason reason) {
 grpc::Status DecodeService::ServeGenerate(grpc::ServerContext* context,
                                           const v1::GenerateRequest& request,
                                           GenerateWriter* writer) {
+  if (options_.authorizer != nullptr) {
+    if (grpc::Status s = options_.authorizer->Require(*context, "Generate", rpc::PeerRole::kRouter);
+        !s.ok()) {
+      return s;
+    }
+  }
   auto reject = [&](const absl::Status& status) {
     metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
     return rpc::ToGrpcStatus(status);
@@ -1161,6 +1167,12 @@ grpc::Status DecodeService::RejectUnparseable(grpc::ServerContext* context,
 
 grpc::Status DecodeService::Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                                   v1::AbortResponse* response) {
+  if (options_.authorizer != nullptr) {
+    if (grpc::Status s = options_.authorizer->Require(*context, "Abort", rpc::PeerRole::kRouter);
+        !s.ok()) {
+      return s;
+    }
+  }
   if (request->request_id().empty()) {
     return rpc::ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
   }

@@ -143,6 +143,8 @@ namespace {
 constexpr size_t kEventsPerBatch = 256;
 // How often a WatchEvents stream with no events checks for cancellation.
 constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
+// A PageHeader.mac longer than this is refused (core/page_mac.h uses 32 bytes).
+constexpr size_t kMaxMacBytes = 64;
 
 absl::StatusOr<PageKey> ParseKey(const std::string& bytes, const std::string& field) {
   absl::StatusOr<PageKey> key = PageKey::FromBytes(bytes);
@@ -185,6 +187,7 @@ void FillHeader(const PageMeta& meta, v1::PageHeader* header) {
   header->set_encoding(ToProto(meta.form));
   header->set_byte_length(meta.byte_length);
   header->set_checksum_xxh3_64(meta.checksum_xxh3_64);
+  header->set_mac(meta.mac);
 }
 
 // A Put header as the store's PageMeta, or INVALID_ARGUMENT naming the field.
@@ -218,6 +221,12 @@ absl::StatusOr<PageMeta> ParseHeader(const v1::PageHeader& header, int page_numb
   }
   meta.byte_length = header.byte_length();
   meta.checksum_xxh3_64 = header.checksum_xxh3_64();
+  if (header.mac().size() > kMaxMacBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " (", meta.key.ToHex(),
+                                                   "): header.mac of ", header.mac().size(),
+                                                   " bytes exceeds ", kMaxMacBytes));
+  }
+  meta.mac = header.mac();
   return meta;
 }
 
@@ -277,6 +286,12 @@ KvStoreService::KvStoreService(PageStore* store, const KvStoreServiceOptions& op
 
 KvStoreService::~KvStoreService() = default;
 
+grpc::Status KvStoreService::CheckRole(const grpc::ServerContext& context,
+                                       const char* method) const {
+  if (options_.authorizer == nullptr) return grpc::Status::OK;
+  return options_.authorizer->Require(context, method, rpc::PeerRole::kWorker);
+}
+
 grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
                                     const absl::Status& status) {
   metrics_->Record(method, absl::Now() - start, status.code());
@@ -314,7 +329,8 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
   return Finish("Lookup", start, status);
 }
 
-grpc::Status KvStoreService::Put(grpc::ServerContext* /*context*/, PutStream* stream) {
+grpc::Status KvStoreService::Put(grpc::ServerContext* context, PutStream* stream) {
+  if (grpc::Status s = CheckRole(*context, "Put"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   v1::PutResponse reply;
   v1::PutResponse* response = &reply;
@@ -433,8 +449,9 @@ grpc::Status KvStoreService::Fetch(grpc::ServerContext* context, const v1::Fetch
   return Finish("Fetch", start, status);
 }
 
-grpc::Status KvStoreService::Pin(grpc::ServerContext* /*context*/, const v1::PinRequest* request,
+grpc::Status KvStoreService::Pin(grpc::ServerContext* context, const v1::PinRequest* request,
                                  v1::PinResponse* response) {
+  if (grpc::Status s = CheckRole(*context, "Pin"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
     KV_ASSIGN_OR_RETURN(std::vector<PageKey> keys, ParseKeys(request->page_keys(), "page_keys",
@@ -558,9 +575,10 @@ grpc::Status KvStoreService::WatchEvents(grpc::ServerContext* context,
   return Finish("WatchEvents", start, absl::OkStatus());
 }
 
-grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* /*context*/,
+grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
                                           const v1::OpenTransferRequest* /*request*/,
                                           v1::OpenTransferResponse* /*response*/) {
+  if (grpc::Status s = CheckRole(*context, "OpenTransfer"); !s.ok()) return s;
   return Finish(
       "OpenTransfer", absl::Now(),
       absl::UnimplementedError(

@@ -56,6 +56,7 @@ struct PageMeta {
   PageForm form = PageForm::kBf16;
   uint64_t byte_length = 0;
   uint64_t checksum_xxh3_64 = 0;  // XXH3-64, seed 0, of the bytes
+  std::string mac;                // the publisher's page MAC, kept and returned as given
 };
 
 // A stored form of a page: its description and its bytes, shared and immutable.
