@@ -26,8 +26,7 @@ absl::StatusOr<std::vector<uint8_t>> ParseHexKey(absl::string_view hex, const st
   }
   for (size_t i = 0; i < hex.size(); ++i) {
     if (!absl::ascii_isxdigit(static_cast<unsigned char>(hex[i]))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": not a hex digit at position ", i));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a hex digit at position ", i));
     }
   }
   const std::string bytes = absl::HexStringToBytes(hex);
@@ -57,7 +56,8 @@ absl::StatusOr<std::shared_ptr<const PageMacKeys>> PageMacKeys::FromHex(
 
 absl::StatusOr<std::shared_ptr<const PageMacKeys>> PageMacKeys::FromFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("page MAC key file \"", path, "\": cannot be read"));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("page MAC key file \"", path, "\": cannot be read"));
   std::vector<std::vector<uint8_t>> keys;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
@@ -104,12 +104,13 @@ std::string PageMacKeys::Sign(const PageKey& key, std::span<const uint8_t> page)
 absl::Status PageMacKeys::Verify(const PageKey& key, std::span<const uint8_t> page,
                                  absl::string_view mac) const {
   if (mac.empty()) {
-    return absl::DataLossError(absl::StrCat("page ", key.ToHex(), ": no MAC (published without "
+    return absl::DataLossError(absl::StrCat("page ", key.ToHex(),
+                                            ": no MAC (published without "
                                             "the pool key)"));
   }
   if (mac.size() != kPageMacBytes) {
-    return absl::DataLossError(absl::StrCat("page ", key.ToHex(), ": MAC of ", mac.size(),
-                                            " bytes, not ", kPageMacBytes));
+    return absl::DataLossError(
+        absl::StrCat("page ", key.ToHex(), ": MAC of ", mac.size(), " bytes, not ", kPageMacBytes));
   }
   for (size_t i = 0; i < keys_.size(); ++i) {
     const std::string expected = Mac(i, key, page);

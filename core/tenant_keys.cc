@@ -37,8 +37,8 @@ TenantKeys::TenantKeys(std::string path, absl::Duration reload_interval, const C
 }
 
 absl::StatusOr<std::unique_ptr<TenantKeys>> TenantKeys::Load(const std::string& path,
-                                                            absl::Duration reload_interval,
-                                                            const Clock* clock) {
+                                                             absl::Duration reload_interval,
+                                                             const Clock* clock) {
   std::unique_ptr<TenantKeys> keys(new TenantKeys(path, reload_interval, clock));
   std::lock_guard<std::mutex> lock(keys->mu_);
   if (absl::Status s = keys->ReloadLocked(); !s.ok()) return s;
@@ -78,9 +78,8 @@ absl::StatusOr<absl::flat_hash_map<std::string, std::string>> TenantKeys::Parse(
     }
     auto [it, inserted] = table.emplace(std::move(hash), std::string(fields[0]));
     if (!inserted && it->second != fields[0]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": the same key is listed for tenants ", it->second, " and ",
-                       fields[0]));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": the same key is listed for tenants ",
+                                                     it->second, " and ", fields[0]));
     }
   }
   return table;
