@@ -3,6 +3,8 @@
 #   ca.pem / ca.key            the cluster CA
 #   other-ca.pem / other-ca.key another CA, which nobody trusts
 #   kvstore.pem/.key           server: CN kvstrata-kvstore, SAN DNS:localhost, IP:127.0.0.1
+# Every leaf also names kvstrata-peer, the name the services expect of each other
+# (--tls_server_name), as in deploy/k8s.
 #   kvstore-next.pem/.key      the same server's renewed certificate (CN kvstrata-kvstore-next)
 #   worker.pem/.key            client: CN and SAN kvstrata-decode (the worker role)
 #   router.pem/.key            client: CN and SAN kvstrata-router (no worker role)
@@ -35,9 +37,9 @@ cert() {  # name ca cn san days
 
 ca ca
 ca other-ca
-cert kvstore ca kvstrata-kvstore "DNS:localhost,IP:127.0.0.1" 2
+cert kvstore ca kvstrata-kvstore "DNS:localhost,DNS:kvstrata-peer,IP:127.0.0.1" 2
 cert kvstore-next ca kvstrata-kvstore-next "DNS:localhost,IP:127.0.0.1" 2
-cert worker ca kvstrata-decode "DNS:kvstrata-decode" 2
-cert router ca kvstrata-router "DNS:kvstrata-router" 2
+cert worker ca kvstrata-decode "DNS:kvstrata-decode,DNS:kvstrata-peer" 2
+cert router ca kvstrata-router "DNS:kvstrata-router,DNS:kvstrata-peer" 2
 cert expired ca kvstrata-decode "DNS:kvstrata-decode" -1
 cert rogue other-ca kvstrata-decode "DNS:kvstrata-decode" 2
