@@ -299,9 +299,13 @@ grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
   return rpc::ToGrpcStatus(status);
 }
 
-grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
+grpc::Status KvStoreService::Lookup(grpc::ServerContext* context,
                                     const v1::LookupRequest* request,
                                     v1::LookupResponse* response) {
+  // A Lookup that leases its hits pins them: the worker's, like Pin.
+  if (request->lease_ttl_ms() > 0) {
+    if (grpc::Status s = CheckRole(*context, "Lookup with a lease"); !s.ok()) return s;
+  }
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
     KV_ASSIGN_OR_RETURN(std::vector<PageKey> keys, ParseKeys(request->page_keys(), "page_keys",
@@ -468,9 +472,10 @@ grpc::Status KvStoreService::Pin(grpc::ServerContext* context, const v1::PinRequ
   return Finish("Pin", start, status);
 }
 
-grpc::Status KvStoreService::Release(grpc::ServerContext* /*context*/,
+grpc::Status KvStoreService::Release(grpc::ServerContext* context,
                                      const v1::ReleaseRequest* request,
                                      v1::ReleaseResponse* response) {
+  if (grpc::Status s = CheckRole(*context, "Release"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   response->set_released(store_->Release(request->lease_id()));
   return Finish("Release", start, absl::OkStatus());

@@ -26,7 +26,8 @@ struct KvStoreServiceOptions {
   uint32_t max_keys_per_request = 4096;
   // Largest Fetch chunk sent, in bytes; also the default chunk.
   uint32_t max_chunk_bytes = 1 << 20;
-  // Who may publish: Put, Pin and OpenTransfer need the worker role (rpc/peer_auth.h).
+  // Who may publish: Put, Pin, Release, OpenTransfer and a Lookup that asks for a lease need
+  // the worker role (rpc/peer_auth.h).
   // Borrowed; null: every caller may (plaintext).
   const rpc::PeerAuthorizer* authorizer = nullptr;
 };

@@ -237,6 +237,10 @@ TEST_F(SecureKvStoreTest, OnlyAWorkerCertificateMayPutOrPin) {
   v1::PinResponse pinned;
   EXPECT_EQ(stub->Pin(&context, pin, &pinned).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(DeniedCount("Pin", "PERMISSION_DENIED"), 1);
+  // A Lookup that leases its hits pins them, and Release ends a worker's pin: workers' too.
+  absl::StatusOr<LookupReply> leased = router.Lookup(std::vector<PageKey>{Key(1)}, 1000);
+  EXPECT_EQ(leased.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(router.Release(7).code(), absl::StatusCode::kPermissionDenied);
 
   KvStoreClient worker = Client("worker");
   absl::StatusOr<PutSummary> put = worker.Put(ToPut(chain));
