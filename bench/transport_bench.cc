@@ -163,7 +163,8 @@ int Run(const std::string& self) {
                                 absl::StrCat("--listen=", address),
                                 "--metrics_listen=",
                                 absl::StrCat("--pool_socket=", socket_path),
-                                "--max_keys_per_request=4096"};
+                                "--max_keys_per_request=4096",
+                                "--insecure"};
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

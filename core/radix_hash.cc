@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/sha256.h"
 #include "core/status_macros.h"
 
 namespace kvstrata {
@@ -208,6 +209,15 @@ absl::StatusOr<std::vector<PageKey>> PrefixPageKeys(const HashNamespace& ns,
     keys.push_back(key);
   }
   return keys;
+}
+
+std::string TenantCacheSalt(std::string_view tenant, std::string_view client_salt) {
+  static constexpr char kDomain[] = "kvstrata.tenant.v1";  // with its terminating 0x00
+  const std::span<const uint8_t> parts[] = {
+      {reinterpret_cast<const uint8_t*>(kDomain), sizeof(kDomain)},
+      {reinterpret_cast<const uint8_t*>(tenant.data()), tenant.size()}};
+  return absl::StrCat("t:", Sha256Hex(parts).substr(0, 32), ":",
+                      absl::string_view(client_salt.data(), client_salt.size()));
 }
 
 }  // namespace kvstrata

@@ -105,4 +105,15 @@ PageKey ChainPageKey(const PageKey& parent, std::span<const uint32_t> page_token
 absl::StatusOr<std::vector<PageKey>> PrefixPageKeys(const HashNamespace& ns,
                                                     std::span<const int32_t> tokens);
 
+// The cache_salt of a request from an authenticated tenant (docs/hashing.md, "Tenants"):
+//
+//   "t:" || hex(SHA-256("kvstrata.tenant.v1" || 0x00 || tenant))[0:32] || ":" || client_salt
+//
+// The router sets it; a client never chooses it. The prefix has a fixed length, so different
+// tenants never produce equal salts whatever their client salts, and a client's own salt only
+// splits its tenant's namespace further. Without tenants (no API keys configured) the salt is
+// the client's, unchanged, and every key is as before.
+inline constexpr size_t kTenantSaltPrefixBytes = 35;
+std::string TenantCacheSalt(std::string_view tenant, std::string_view client_salt);
+
 }  // namespace kvstrata

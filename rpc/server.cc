@@ -98,8 +98,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         "says which)"));
   }
   const int port = IsUnixSocket(options.listen_address) ? 0 : selected_port;
-  return std::unique_ptr<Server>(
+  std::unique_ptr<Server> started(
       new Server(std::move(server), port, DialableAddress(options.listen_address, port)));
+  if (!options.health_listen_address.empty()) {
+    if (absl::Status s = CheckNumericPort(options.health_listen_address); !s.ok()) return s;
+    grpc::ServerBuilder health_builder;
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    int health_port = 0;
+    health_builder.AddListeningPort(options.health_listen_address,
+                                    grpc::InsecureServerCredentials(), &health_port);
+    started->health_server_ = health_builder.BuildAndStart();
+    if (started->health_server_ == nullptr ||
+        (health_port == 0 && !IsUnixSocket(options.health_listen_address))) {
+      return absl::UnavailableError(absl::StrCat("gRPC health server: cannot listen on \"",
+                                                 options.health_listen_address, "\""));
+    }
+    started->health_port_ = health_port;
+  }
+  return started;
 }
 
 Server::Server(std::unique_ptr<grpc::Server> server, int port, std::string address)
@@ -111,21 +127,31 @@ Server::~Server() {
 }
 
 void Server::SetServingStatus(const std::string& service, bool serving) {
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus(service, serving);
+  for (grpc::Server* s : {server_.get(), health_server_.get()}) {
+    if (s == nullptr) continue;
+    if (grpc::HealthCheckServiceInterface* health = s->GetHealthCheckService()) {
+      health->SetServingStatus(service, serving);
+    }
   }
 }
 
 void Server::Shutdown(absl::Duration grace) {
   absl::call_once(shutdown_once_, [&] {
     // Probes see NOT_SERVING before connections start being refused.
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-      health->Shutdown();
+    for (grpc::Server* s : {server_.get(), health_server_.get()}) {
+      if (s == nullptr) continue;
+      if (grpc::HealthCheckServiceInterface* health = s->GetHealthCheckService()) {
+        health->Shutdown();
+      }
     }
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   });
 }
 
-void Server::Wait() { server_->Wait(); }
+void Server::Wait() {
+  server_->Wait();
+  if (health_server_ != nullptr) health_server_->Wait();
+}
 
 }  // namespace kvstrata::rpc

@@ -30,8 +30,12 @@ struct ServerOptions {
   std::string listen_address;
   // Services to serve. Borrowed: each must outlive the Server.
   std::vector<grpc::Service*> services;
-  // Null: plaintext. (TLS is configured by passing grpc::SslServerCredentials here.)
+  // Null: plaintext. TLS: rpc::TransportSecurity::ServerCredentials (rpc/tls.h).
   std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Also serve grpc.health.v1, alone and in plaintext, on this address, with the same statuses
+  // as the main server: Kubernetes' gRPC probes cannot speak TLS, and a port that answers only
+  // "SERVING or not" gives nothing away. Empty: none.
+  std::string health_listen_address;
   // Largest message accepted, in bytes; 0 keeps gRPC's default of 4 MiB. Page data is streamed in
   // chunks, so this bounds a chunk, not a page.
   int max_receive_message_bytes = 0;
@@ -54,6 +58,8 @@ class Server {
 
   // Port actually bound (the chosen one when 0 was asked); 0 for Unix-domain sockets.
   int port() const { return port_; }
+  // The health-only port (ServerOptions::health_listen_address); 0 when there is none.
+  int health_port() const { return health_port_; }
   // listen_address with port 0 replaced by the bound port, ready to dial ("127.0.0.1:41235").
   const std::string& address() const { return address_; }
 
@@ -76,6 +82,8 @@ class Server {
   Server(std::unique_ptr<grpc::Server> server, int port, std::string address);
 
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // null without health_listen_address
+  int health_port_ = 0;
   int port_;
   std::string address_;
   absl::once_flag shutdown_once_;

@@ -84,7 +84,9 @@ service_of() {
 args_of() {
   local name=$1 model=()
   [[ -n ${KVSTRATA_MODEL:-} ]] && model=(--model="$KVSTRATA_MODEL")
-  local common=(--listen="$host:$(port_of "$name")" --metrics_listen="$host:$(metrics_port_of "$name")")
+  # Plaintext on loopback, said so by each process's start-up log ("gRPC transport: plaintext");
+  # docs/operations.md ("Security") shows the TLS flags a real deployment passes instead.
+  local common=(--insecure --listen="$host:$(port_of "$name")" --metrics_listen="$host:$(metrics_port_of "$name")")
   case $name in
     kvstore)
       local device=()

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libeigen3-dev libopenblas-dev libssl-dev libxxhash-dev
   libmicrohttpd-dev nlohmann-json3-dev libre2-dev
+  openssl  # the security tests make their CA and certificates with the openssl CLI
   prometheus-cpp-dev  # metrics: its core library (its CMake config also wants civetweb, curl, zlib)
   prometheus
   buildah debootstrap  # the CPU container image: scripts/build-image.sh

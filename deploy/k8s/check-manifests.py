@@ -85,6 +85,23 @@ def check_monitoring_crd(c, obj):
         c.fail(obj, "no schema and no structural check for this kind")
 
 
+def check_cert_manager_crd(c, obj):
+    """cert-manager.io/v1 (deploy/k8s/examples/cert-manager.yaml): what cert-manager needs."""
+    kind, spec = obj["kind"], obj.get("spec") or {}
+    if kind == "Certificate":
+        for key in ("secretName", "issuerRef"):
+            if not spec.get(key):
+                c.fail(obj, f"spec.{key} missing")
+        if not (spec.get("dnsNames") or spec.get("commonName") or spec.get("isCA")):
+            c.fail(obj, "spec.dnsNames missing")
+    elif kind in ("Issuer", "ClusterIssuer"):
+        if not any(spec.get(k) for k in ("ca", "selfSigned", "vault", "acme")) and \
+                "selfSigned" not in spec:
+            c.fail(obj, "spec has no issuer type (ca, selfSigned, ...)")
+    else:
+        c.fail(obj, f"unexpected cert-manager kind {kind}")
+
+
 def check_schema(c, obj, version):
     try:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -94,6 +111,8 @@ def check_schema(c, obj, version):
     except kubernetes_validate.SchemaNotFoundError:
         if obj.get("apiVersion") == "monitoring.coreos.com/v1":
             check_monitoring_crd(c, obj)
+        elif obj.get("apiVersion") == "cert-manager.io/v1":
+            check_cert_manager_crd(c, obj)
         else:
             c.fail(obj, f"no Kubernetes {version} schema for {obj.get('apiVersion')} {obj['kind']}")
 
@@ -232,6 +251,20 @@ def check_rules(c, objs, gpu):
                 c.fail(s, "selects no workload's pods")
             elif not all(found):
                 c.fail(s, f"targetPort {p.get('targetPort')} is not a port of the selected pods")
+    # A NetworkPolicy selects pods that exist and opens only ports they have.
+    for np in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        selector = np["spec"]["podSelector"].get("matchLabels") or {}
+        selected = [w for w in workloads
+                    if matches(selector, w["spec"]["template"]["metadata"].get("labels") or {})]
+        if not selected:
+            c.fail(np, f"podSelector {selector} selects no workload")
+        open_ports = {p.get("containerPort") for w in selected
+                      for ctr in w["spec"]["template"]["spec"]["containers"]
+                      for p in ctr.get("ports") or []}
+        for rule in np["spec"].get("ingress") or []:
+            for port in rule.get("ports") or []:
+                if port.get("port") not in open_ports:
+                    c.fail(np, f"port {port.get('port')} is no container port of the pods it selects")
     for h in (o for o in objs if o["kind"] == "HorizontalPodAutoscaler"):
         ref = h["spec"]["scaleTargetRef"]
         if (ref["kind"], ref["name"]) not in names:

@@ -332,8 +332,17 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
   if (!options_.kvstore_addresses.empty()) {
     ring_ = std::make_unique<kvstore::KvStoreRing>(options_.kvstore_client);
     for (const std::string& a : options_.kvstore_addresses) ring_->AddStore(a);
-    same_gpu_ = std::make_unique<SameGpuPools>(options_.same_gpu_device,
+    // With page MACs the worker checks every page's MAC on the host before using it; pages
+    // read from a same-GPU pool are checked by their digest only, which an adversary who can
+    // write the pool could forge, so the same-GPU transport is off then.
+    const bool macs = options_.kvstore_client.page_mac_keys != nullptr;
+    same_gpu_ = std::make_unique<SameGpuPools>(macs ? -1 : options_.same_gpu_device,
                                                engine_->cache().int2_encoding());
+    if (macs && options_.same_gpu_device >= 0) {
+      fprintf(stderr,
+              "kvstrata-decode: page MACs are on: cached pages come by gRPC and are checked on "
+              "the host (the same-GPU transport does not check MACs)\n");
+    }
   }
   engine_thread_ = std::thread([this] { EngineLoop(); });
   publish_thread_ = std::thread([this] { PublishLoop(); });
@@ -1034,6 +1043,12 @@ void DecodeService::CountFinished(const Call& call, v1::FinishReason reason) {
 grpc::Status DecodeService::ServeGenerate(grpc::ServerContext* context,
                                           const v1::GenerateRequest& request,
                                           GenerateWriter* writer) {
+  if (options_.authorizer != nullptr) {
+    if (grpc::Status s = options_.authorizer->Require(*context, "Generate", rpc::PeerRole::kRouter);
+        !s.ok()) {
+      return s;
+    }
+  }
   auto reject = [&](const absl::Status& status) {
     metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
     return rpc::ToGrpcStatus(status);
@@ -1227,6 +1242,12 @@ grpc::Status DecodeService::RejectUnparseable(grpc::ServerContext* context,
 
 grpc::Status DecodeService::Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                                   v1::AbortResponse* response) {
+  if (options_.authorizer != nullptr) {
+    if (grpc::Status s = options_.authorizer->Require(*context, "Abort", rpc::PeerRole::kRouter);
+        !s.ok()) {
+      return s;
+    }
+  }
   if (request->request_id().empty()) {
     return rpc::ToGrpcStatus(absl::InvalidArgumentError("request_id: must not be empty"));
   }

@@ -34,6 +34,7 @@
 #include "core/metrics.h"
 #include "engine/engine.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
+#include "rpc/peer_auth.h"
 #include "services/common/generation_service.h"
 #include "services/decode/local_pages.h"
 #include "services/decode/registration.h"
@@ -66,6 +67,9 @@ struct DecodeServiceOptions {
   // Largest request message accepted (the gRPC server's receive limit, set by main); reported in
   // GetServerInfo.
   int64_t max_request_bytes = int64_t{64} << 20;
+  // Who may call: Generate and Abort need the router role (rpc/peer_auth.h), so tenants are
+  // bound by the router and no client reaches a worker directly. Borrowed; null: anyone.
+  const rpc::PeerAuthorizer* authorizer = nullptr;
 };
 
 class DecodeMetrics;

@@ -27,9 +27,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "core/metrics.h"
+#include "core/page_mac.h"
 #include "core/shutdown.h"
+#include "core/status_macros.h"
 #include "engine/defaults.h"
 #include "engine/engine.h"
+#include "rpc/security_flags.h"
 #include "rpc/server.h"
 #include "services/decode/decode_service.h"
 
@@ -85,6 +88,10 @@ ABSL_FLAG(uint32_t, deadline_margin_ms, 30,
 ABSL_FLAG(uint32_t, max_request_bytes, 64 << 20,
           "Largest request message accepted, in bytes (gRPC refuses larger ones with "
           "RESOURCE_EXHAUSTED); keep it above what a max-context prompt takes.");
+ABSL_FLAG(std::string, page_mac_key_file, "",
+          "File of the pool's page MAC keys (hex, one a line; the first signs): pages are MACed "
+          "on Put and refused on Fetch unless their MAC matches (docs/operations.md). Empty: "
+          "no MACs (plaintext clusters only).");
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight RPCs may finish before being cancelled.");
 
@@ -100,6 +107,7 @@ struct DecodeConfig {
   std::string advertise_address;
   absl::Duration router_rpc_deadline;
   absl::Duration shutdown_grace;
+  rpc::SecurityConfig security;
 };
 
 // Folds the flags into a config; errors name the flag. Flag values first, the file system last.
@@ -190,6 +198,25 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--rotations=", config.engine.rotations_path, ": no such file"));
   }
+  KV_ASSIGN_OR_RETURN(config.security, rpc::SecurityFromFlags());
+  if (const std::string mac_file = absl::GetFlag(FLAGS_page_mac_key_file); !mac_file.empty()) {
+    absl::StatusOr<std::shared_ptr<const PageMacKeys>> keys = PageMacKeys::FromFile(mac_file);
+    if (!keys.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--page_mac_key_file: ", keys.status().message()));
+    }
+    config.service.kvstore_client.page_mac_keys = *std::move(keys);
+  } else if (!config.security.transport.insecure()) {
+    return absl::InvalidArgumentError(
+        "--page_mac_key_file: required under TLS, so that no worker uses a page it cannot "
+        "authenticate (see docs/operations.md)");
+  }
+  if (!config.security.transport.insecure()) {
+    const rpc::TransportSecurity transport = config.security.transport;
+    config.service.kvstore_client.dial = [transport](const std::string& address) {
+      return transport.Dial(address);
+    };
+  }
   config.engine.model_path = absl::GetFlag(FLAGS_model);
   if (config.engine.model_path.empty()) {
     config.engine.model_path = engine::DefaultModelPath();
@@ -234,13 +261,16 @@ int Run(DecodeConfig config) {
       (*engine)->config().name.empty() ? "default" : (*engine)->config().name;
   const std::string kv_format = (*engine)->KvFormatString();
   const std::string backend = (*engine)->backend().Describe();
+  const rpc::PeerAuthorizer authorizer(config.security.peers, &registry, "decode");
+  config.service.authorizer = &authorizer;
   DecodeService service(*std::move(engine), config.service, &registry);
 
-  absl::StatusOr<std::unique_ptr<rpc::Server>> server =
-      rpc::Server::Start({.listen_address = config.listen,
-                          .services = {&service},
-                          .max_receive_message_bytes =
-                              static_cast<int>(config.service.max_request_bytes)});
+  absl::StatusOr<std::unique_ptr<rpc::Server>> server = rpc::Server::Start(
+      {.listen_address = config.listen,
+       .services = {&service},
+       .credentials = config.security.transport.ServerCredentials(rpc::ClientCerts::kRequire),
+       .health_listen_address = config.security.health_listen,
+       .max_receive_message_bytes = static_cast<int>(config.service.max_request_bytes)});
   if (!server.ok()) {
     fprintf(stderr, "kvstrata-decode: --listen: %s\n", server.status().ToString().c_str());
     return 1;
@@ -255,12 +285,16 @@ int Run(DecodeConfig config) {
           config.service.kvstore_addresses.size(),
           config.routers.empty() ? "(none)" : absl::StrJoin(config.routers, ",").c_str(),
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+  fprintf(stderr, "kvstrata-decode: gRPC transport: %s; page MACs %s\n",
+          config.security.transport.Describe(rpc::ClientCerts::kRequire).c_str(),
+          config.service.kvstore_client.page_mac_keys != nullptr ? "on" : "off");
 
   std::unique_ptr<RouterRegistrations> registration;
   if (!config.routers.empty()) {
     RouterRegistrationsOptions r;
     r.routers = config.routers;
     r.registration.rpc_deadline = config.router_rpc_deadline;
+    r.registration.dial = config.service.kvstore_client.dial;
     r.registration.worker = service.WorkerDescription(
         config.advertise_address.empty() ? (*server)->address() : config.advertise_address);
     registration = std::make_unique<RouterRegistrations>(
@@ -297,7 +331,8 @@ int main(int argc, char** argv) {
       "                       [--router=HOST:PORT] [--local_cache_mb=N] ...");
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "services/decode/main.cc");
+    return absl::EndsWith(file, "services/decode/main.cc") ||
+           kvstrata::rpc::IsSecurityFlagsFile(file);
   };
   absl::SetFlagsUsageConfig(usage_config);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

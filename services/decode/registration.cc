@@ -40,7 +40,9 @@ RouterRegistration::RouterRegistration(const RouterRegistrationOptions& options,
       local_pages_(local_pages),
       load_(std::move(load)),
       stub_(v1::WorkerRegistry::NewStub(
-          grpc::CreateChannel(options.router_address, grpc::InsecureChannelCredentials()))),
+          options.dial
+              ? options.dial(options.router_address)
+              : grpc::CreateChannel(options.router_address, grpc::InsecureChannelCredentials()))),
       interval_(options.initial_interval) {
   if (options_.worker.incarnation() == 0) options_.worker.set_incarnation(NewIncarnation());
   thread_ = std::thread([this] { Loop(); });

@@ -17,6 +17,8 @@
 // Drain() (on SIGTERM) sends one last heartbeat with draining = true and stops the thread.
 // Thread-safety: the public methods may be called from any thread.
 
+#include <grpcpp/channel.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -60,6 +62,8 @@ struct RouterRegistrationOptions {
   // The local tier's journal this registration reads its page key changes from (one per
   // router, so that each router gets every change).
   LocalPageCache::JournalId journal = LocalPageCache::kDefaultJournal;
+  // Makes the channel to the router (rpc::TransportSecurity::Dial under TLS); empty: plaintext.
+  std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> dial;
 };
 
 // A random non-zero incarnation.

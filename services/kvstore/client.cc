@@ -21,6 +21,10 @@ absl::StatusOr<PageKey> KeyFromBytes(const std::string& bytes) {
   return key;
 }
 
+std::span<const uint8_t> AsBytes(const std::string& bytes) {
+  return {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()};
+}
+
 void SetDeadline(grpc::ClientContext& context, absl::Duration deadline) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
 }
@@ -57,9 +61,9 @@ bool IsStoreMiss(const absl::Status& status) {
 KvStoreClient::KvStoreClient(std::string address, const KvStoreClientOptions& options)
     : address_(std::move(address)),
       options_(options),
-      stub_(
-          v1::KvStore::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {
-}
+      stub_(v1::KvStore::NewStub(
+          options_.dial ? options_.dial(address_)
+                        : grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
 
 KvStoreClient::~KvStoreClient() = default;
 
@@ -124,6 +128,9 @@ absl::StatusOr<PutSummary> KvStoreClient::Put(std::span<const PutPage> pages) {
     header->set_encoding(page.encoding);
     header->set_byte_length(page.bytes.size());
     header->set_checksum_xxh3_64(XXH3_64bits(page.bytes.data(), page.bytes.size()));
+    if (options_.page_mac_keys != nullptr) {
+      header->set_mac(options_.page_mac_keys->Sign(page.key, AsBytes(page.bytes)));
+    }
     open = writer->Write(request);
     for (size_t offset = 0; open && offset < page.bytes.size(); offset += chunk) {
       request.set_chunk(page.bytes.data() + offset, std::min(chunk, page.bytes.size() - offset));
@@ -162,6 +169,13 @@ absl::StatusOr<std::vector<FetchedPage>> KvStoreClient::Fetch(
       return absl::DataLossError(absl::StrCat(
           "kvstore ", address_, " Fetch: page ", page.key.ToHex(), " arrived with ",
           page.bytes.size(), " bytes of ", header.byte_length(), " or a wrong checksum"));
+    }
+    if (options_.page_mac_keys != nullptr) {
+      if (absl::Status mac =
+              options_.page_mac_keys->Verify(page.key, AsBytes(page.bytes), header.mac());
+          !mac.ok()) {
+        return absl::DataLossError(absl::StrCat("kvstore ", address_, " Fetch: ", mac.message()));
+      }
     }
     return absl::OkStatus();
   };

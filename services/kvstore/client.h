@@ -13,6 +13,7 @@
 // KvStoreRing are thread-compatible: change the ring from one thread, or guard it.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/page_mac.h"
 #include "core/radix_hash.h"
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 
@@ -38,6 +40,11 @@ struct KvStoreClientOptions {
   size_t put_chunk_bytes = size_t{1} << 20;
   // Largest Fetch chunk asked for; 0 = the server's default.
   uint32_t fetch_max_chunk_bytes = 0;
+  // Makes the channel to a store (rpc::TransportSecurity::Dial under TLS); empty: plaintext.
+  std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> dial;
+  // The pool's page MAC keys (core/page_mac.h): Put MACs every page, Fetch refuses a page
+  // whose MAC does not match (DATA_LOSS, a miss). Null: pages are neither MACed nor checked.
+  std::shared_ptr<const PageMacKeys> page_mac_keys;
 };
 
 // One page to publish: whole page bytes (header included, docs/kv-format.md) and where it sits

@@ -174,6 +174,8 @@ namespace {
 constexpr size_t kEventsPerBatch = 256;
 // How often a WatchEvents stream with no events checks for cancellation.
 constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
+// A PageHeader.mac longer than this is refused (core/page_mac.h uses 32 bytes).
+constexpr size_t kMaxMacBytes = 64;
 
 absl::StatusOr<PageKey> ParseKey(const std::string& bytes, const std::string& field) {
   absl::StatusOr<PageKey> key = PageKey::FromBytes(bytes);
@@ -216,6 +218,7 @@ void FillHeader(const PageMeta& meta, v1::PageHeader* header) {
   header->set_encoding(ToProto(meta.form));
   header->set_byte_length(meta.byte_length);
   header->set_checksum_xxh3_64(meta.checksum_xxh3_64);
+  header->set_mac(meta.mac);
 }
 
 // A Put header as the store's PageMeta, or INVALID_ARGUMENT naming the field.
@@ -249,6 +252,12 @@ absl::StatusOr<PageMeta> ParseHeader(const v1::PageHeader& header, int page_numb
   }
   meta.byte_length = header.byte_length();
   meta.checksum_xxh3_64 = header.checksum_xxh3_64();
+  if (header.mac().size() > kMaxMacBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " (", meta.key.ToHex(),
+                                                   "): header.mac of ", header.mac().size(),
+                                                   " bytes exceeds ", kMaxMacBytes));
+  }
+  meta.mac = header.mac();
   return meta;
 }
 
@@ -308,6 +317,12 @@ KvStoreService::KvStoreService(PageStore* store, const KvStoreServiceOptions& op
 
 KvStoreService::~KvStoreService() = default;
 
+grpc::Status KvStoreService::CheckRole(const grpc::ServerContext& context,
+                                       const char* method) const {
+  if (options_.authorizer == nullptr) return grpc::Status::OK;
+  return options_.authorizer->Require(context, method, rpc::PeerRole::kWorker);
+}
+
 grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
                                     const absl::Status& status) {
   metrics_->Record(method, absl::Now() - start, status.code());
@@ -315,9 +330,13 @@ grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
   return rpc::ToGrpcStatus(status);
 }
 
-grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
+grpc::Status KvStoreService::Lookup(grpc::ServerContext* context,
                                     const v1::LookupRequest* request,
                                     v1::LookupResponse* response) {
+  // A Lookup that leases its hits pins them: the worker's, like Pin.
+  if (request->lease_ttl_ms() > 0) {
+    if (grpc::Status s = CheckRole(*context, "Lookup with a lease"); !s.ok()) return s;
+  }
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
     KV_ASSIGN_OR_RETURN(std::vector<PageKey> keys, ParseKeys(request->page_keys(), "page_keys",
@@ -345,7 +364,8 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* /*context*/,
   return Finish("Lookup", start, status);
 }
 
-grpc::Status KvStoreService::Put(grpc::ServerContext* /*context*/, PutStream* stream) {
+grpc::Status KvStoreService::Put(grpc::ServerContext* context, PutStream* stream) {
+  if (grpc::Status s = CheckRole(*context, "Put"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   v1::PutResponse reply;
   v1::PutResponse* response = &reply;
@@ -451,8 +471,9 @@ grpc::Status KvStoreService::Fetch(grpc::ServerContext* context, const v1::Fetch
   return Finish("Fetch", start, status);
 }
 
-grpc::Status KvStoreService::Pin(grpc::ServerContext* /*context*/, const v1::PinRequest* request,
+grpc::Status KvStoreService::Pin(grpc::ServerContext* context, const v1::PinRequest* request,
                                  v1::PinResponse* response) {
+  if (grpc::Status s = CheckRole(*context, "Pin"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
     KV_ASSIGN_OR_RETURN(std::vector<PageKey> keys, ParseKeys(request->page_keys(), "page_keys",
@@ -469,9 +490,10 @@ grpc::Status KvStoreService::Pin(grpc::ServerContext* /*context*/, const v1::Pin
   return Finish("Pin", start, status);
 }
 
-grpc::Status KvStoreService::Release(grpc::ServerContext* /*context*/,
+grpc::Status KvStoreService::Release(grpc::ServerContext* context,
                                      const v1::ReleaseRequest* request,
                                      v1::ReleaseResponse* response) {
+  if (grpc::Status s = CheckRole(*context, "Release"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   response->set_released(store_->Release(request->lease_id()));
   return Finish("Release", start, absl::OkStatus());
@@ -628,9 +650,10 @@ v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& req
   return v1::TRANSPORT_UNSPECIFIED;
 }
 
-grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* /*context*/,
+grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
                                           const v1::OpenTransferRequest* request,
                                           v1::OpenTransferResponse* response) {
+  if (grpc::Status s = CheckRole(*context, "OpenTransfer"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
     KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, ParsePageRefs(request->pages()));

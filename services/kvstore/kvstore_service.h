@@ -14,6 +14,7 @@
 
 #include "core/metrics.h"
 #include "kvstrata/v1/kvstore.grpc.pb.h"
+#include "rpc/peer_auth.h"
 #include "services/kvstore/page_store.h"
 
 namespace kvstrata::kvstore {
@@ -35,6 +36,10 @@ struct KvStoreServiceOptions {
   uint32_t max_chunk_bytes = 1 << 20;
   // Set by a store with a GPU tier.
   SameGpuPoolOffer same_gpu_pool;
+  // Who may publish: Put, Pin, Release, OpenTransfer and a Lookup that asks for a lease need
+  // the worker role (rpc/peer_auth.h).
+  // Borrowed; null: every caller may (plaintext).
+  const rpc::PeerAuthorizer* authorizer = nullptr;
 };
 
 class KvStoreMetrics;
@@ -78,6 +83,8 @@ class KvStoreService final : public v1::KvStore::Service {
 
   // Records latency and outcome of one call and refreshes the store gauges.
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
+  // OK when the caller holds the worker role (or nothing is enforced).
+  grpc::Status CheckRole(const grpc::ServerContext& context, const char* method) const;
 
   PageStore* store_;
   const KvStoreServiceOptions options_;

@@ -24,6 +24,8 @@
 #include "absl/time/time.h"
 #include "core/metrics.h"
 #include "core/shutdown.h"
+#include "core/status_macros.h"
+#include "rpc/security_flags.h"
 #include "rpc/server.h"
 #include "services/kvstore/gpu_tier.h"
 #include "services/kvstore/kvstore_service.h"
@@ -69,6 +71,7 @@ struct KvStoreConfig {
   PageStoreOptions store;
   KvStoreServiceOptions service;
   absl::Duration shutdown_grace;
+  rpc::SecurityConfig security;
 };
 
 // Folds the flags into a config; errors name the flag.
@@ -133,6 +136,7 @@ absl::StatusOr<KvStoreConfig> ConfigFromFlags() {
                                                    config.service.max_chunk_bytes));
   }
   config.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  KV_ASSIGN_OR_RETURN(config.security, rpc::SecurityFromFlags());
   return config;
 }
 
@@ -167,6 +171,8 @@ int Run(const KvStoreConfig& config) {
   }
   PageStore store(store_options, &clock);
   MetricsRegistry registry;
+  const rpc::PeerAuthorizer authorizer(config.security.peers, &registry, "kvstore");
+  service_options.authorizer = &authorizer;
   KvStoreService service(&store, service_options, &registry);
 
   std::unique_ptr<MetricsServer> metrics;
@@ -179,8 +185,11 @@ int Run(const KvStoreConfig& config) {
       return 1;
     }
   }
-  absl::StatusOr<std::unique_ptr<rpc::Server>> server =
-      rpc::Server::Start({.listen_address = config.listen, .services = {&service}});
+  absl::StatusOr<std::unique_ptr<rpc::Server>> server = rpc::Server::Start(
+      {.listen_address = config.listen,
+       .services = {&service},
+       .credentials = config.security.transport.ServerCredentials(rpc::ClientCerts::kRequire),
+       .health_listen_address = config.security.health_listen});
   if (!server.ok()) {
     fprintf(stderr, "kvstrata-kvstore: --listen: %s\n", server.status().ToString().c_str());
     return 1;
@@ -192,6 +201,8 @@ int Run(const KvStoreConfig& config) {
           (*server)->address().c_str(), tiers.c_str(),
           static_cast<unsigned long long>(store.epoch()),
           metrics ? absl::StrCat("port ", metrics->port(), " /metrics").c_str() : "(off)");
+  fprintf(stderr, "kvstrata-kvstore: gRPC transport: %s\n",
+          config.security.transport.Describe(rpc::ClientCerts::kRequire).c_str());
 
   std::thread waiter([&] {
     const int signal = WaitForShutdownSignal();
@@ -220,7 +231,8 @@ int main(int argc, char** argv) {
   // --help lists this file's flags (absl matches on the binary's name by default).
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "services/kvstore/main.cc");
+    return absl::EndsWith(file, "services/kvstore/main.cc") ||
+           kvstrata::rpc::IsSecurityFlagsFile(file);
   };
   absl::SetFlagsUsageConfig(usage_config);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -64,6 +64,7 @@ struct PageMeta {
   uint64_t byte_length = 0;
   uint64_t checksum_xxh3_64 = 0;  // XXH3-64, seed 0, of the bytes
   uint64_t digest64 = 0;          // core/page_digest.h, computed by the store on Put
+  std::string mac;                // the publisher's page MAC, kept and returned as given
 };
 
 // The memory of the fast tier: one region the store places pages in by offset (HBM: a VMM

@@ -144,6 +144,10 @@ http::HttpResponse OpenAiFront::Generate(http::HttpRequest& request, bool chat) 
 
   auto call = std::make_shared<Call>(this);
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // The router maps the API key to a tenant (core/tenant_keys.h); the front only passes it on.
+  if (std::optional<std::string> auth = request.Header("Authorization")) {
+    call->context.AddMetadata("authorization", *auth);
+  }
   FrontMetrics* metrics = metrics_.get();
   request.OnClientGone([call, metrics] {
     if (call->finished) return;  // the whole answer is out; the client just left afterwards

@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <span>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/radix_hash.h"
+#include "core/status_macros.h"
+#include "core/tenant_keys.h"
 #include "rpc/status.h"
 #include "services/common/generate_input.h"
 #include "services/router/router_internal.h"
@@ -87,6 +90,31 @@ absl::StatusOr<RouterService::Prepared> RouterService::Prepare(
   return p;
 }
 
+namespace {
+
+// The request with its tenant's cache salt (TenantCacheSalt), the tenant found from the API key
+// in the "authorization" metadata. UNAUTHENTICATED without a known key.
+absl::StatusOr<v1::GenerateRequest> BindTenant(TenantKeys& keys, const grpc::ServerContext& context,
+                                               const v1::GenerateRequest& request) {
+  std::string api_key;
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find("authorization"); it != metadata.end()) {
+    api_key = BearerToken(absl::string_view(it->second.data(), it->second.size()));
+  }
+  KV_ASSIGN_OR_RETURN(std::string tenant, keys.TenantFor(api_key));
+  if (request.cache_salt().size() + kTenantSaltPrefixBytes >
+      static_cast<size_t>(kMaxCacheSaltBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_salt: at most ", kMaxCacheSaltBytes - kTenantSaltPrefixBytes,
+                     " bytes (the router adds the tenant's ", kTenantSaltPrefixBytes, ")"));
+  }
+  v1::GenerateRequest bound = request;
+  bound.set_cache_salt(TenantCacheSalt(tenant, request.cache_salt()));
+  return bound;
+}
+
+}  // namespace
+
 grpc::Status RouterService::RejectUnparseable(grpc::ServerContext* context,
                                               const absl::Status& status) {
   router_->metrics_->rejected.With({absl::StatusCodeToString(status.code())}).Increment();
@@ -96,7 +124,7 @@ grpc::Status RouterService::RejectUnparseable(grpc::ServerContext* context,
 }
 
 grpc::Status RouterService::ServeGenerate(grpc::ServerContext* context,
-                                          const v1::GenerateRequest& request,
+                                          const v1::GenerateRequest& client_request,
                                           GenerateWriter* writer) {
   Router& r = *router_;
   RouterMetrics& m = *r.metrics_;
@@ -104,6 +132,16 @@ grpc::Status RouterService::ServeGenerate(grpc::ServerContext* context,
     m.rejected.With({absl::StatusCodeToString(status.code())}).Increment();
     return rpc::ToGrpcStatus(status);
   };
+  // With tenants, the request goes on with its tenant's salt: what the router hashes for
+  // routing and what the worker hashes for pages.
+  std::optional<v1::GenerateRequest> tenant_request;
+  if (r.options_.tenant_keys != nullptr) {
+    absl::StatusOr<v1::GenerateRequest> bound =
+        BindTenant(*r.options_.tenant_keys, *context, client_request);
+    if (!bound.ok()) return fail(bound.status());
+    tenant_request = *std::move(bound);
+  }
+  const v1::GenerateRequest& request = tenant_request ? *tenant_request : client_request;
   absl::StatusOr<Prepared> prepared = Prepare(request);
   if (!prepared.ok()) return fail(prepared.status());
 

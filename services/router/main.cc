@@ -32,6 +32,7 @@
 #include "core/shutdown.h"
 #include "engine/defaults.h"
 #include "model/loader.h"
+#include "rpc/security_flags.h"
 #include "rpc/server.h"
 #include "services/openai/openai_front.h"
 #include "services/router/router_service.h"
@@ -93,6 +94,14 @@ ABSL_FLAG(uint32_t, http_idle_timeout_s, 60,
 ABSL_FLAG(uint32_t, shutdown_grace_ms, 5000,
           "On SIGINT/SIGTERM, how long in-flight requests may finish before being cancelled.");
 
+ABSL_FLAG(std::string, api_keys_file, "",
+          "File of API keys to tenants (\"<tenant> <sha256 hex of the key>\" a line; "
+          "`kvstrata hash-api-key` prints a hash): every request then needs \"authorization: "
+          "Bearer <key>\" and its tenant is bound into the cache namespace. Re-read when it "
+          "changes. Empty: no tenants, cache_salt as sent.");
+ABSL_FLAG(uint32_t, api_keys_reload_s, 10,
+          "How often --api_keys_file is checked for changes, in seconds.");
+
 namespace kvstrata::router {
 namespace {
 
@@ -104,6 +113,9 @@ struct RouterConfig {
   std::optional<http::HttpServerOptions> http;  // nullopt: no HTTP front
   openai::FrontOptions front;
   absl::Duration shutdown_grace;
+  rpc::SecurityConfig security;
+  std::string api_keys_file;
+  absl::Duration api_keys_reload;
 };
 
 // The HTTP front's flags; c.listen must be set.
@@ -208,6 +220,11 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
   }
   c.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   if (absl::Status s = HttpConfigFromFlags(c); !s.ok()) return s;
+  absl::StatusOr<rpc::SecurityConfig> security = rpc::SecurityFromFlags();
+  if (!security.ok()) return security.status();
+  c.security = *std::move(security);
+  c.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  c.api_keys_reload = absl::Seconds(absl::GetFlag(FLAGS_api_keys_reload_s));
 
   std::error_code ec;
   c.model_path = absl::GetFlag(FLAGS_model);
@@ -244,8 +261,28 @@ int Run(const RouterConfig& config) {
   }
   const tokenizer::Tokenizer tokenizer = encoder->tokenizer();  // for the HTTP front's logprobs
   MetricsRegistry registry;
+  std::unique_ptr<TenantKeys> tenant_keys;
+  if (!config.api_keys_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TenantKeys>> keys =
+        TenantKeys::Load(config.api_keys_file, config.api_keys_reload);
+    if (!keys.ok()) {
+      fprintf(stderr, "kvstrata-router: --api_keys_file: %s\n", keys.status().ToString().c_str());
+      return 1;
+    }
+    tenant_keys = *std::move(keys);
+  }
+  const rpc::PeerAuthorizer authorizer(config.security.peers, &registry, "router");
+  RouterOptions router_options = config.router;
+  router_options.tenant_keys = tenant_keys.get();
+  router_options.authorizer = &authorizer;
+  if (!config.security.transport.insecure()) {
+    const rpc::TransportSecurity transport = config.security.transport;
+    router_options.dial = [transport](const std::string& address) {
+      return transport.Dial(address);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Router>> router =
-      Router::Create(*std::move(encoder), config.router, &registry);
+      Router::Create(*std::move(encoder), router_options, &registry);
   if (!router.ok()) {
     fprintf(stderr, "kvstrata-router: %s\n", router.status().ToString().c_str());
     return 1;
@@ -266,6 +303,10 @@ int Run(const RouterConfig& config) {
   absl::StatusOr<std::unique_ptr<rpc::Server>> server = rpc::Server::Start(
       {.listen_address = config.listen,
        .services = {&generation, &registry_service},
+       // Clients of the public API authenticate by API key; workers registering show their
+       // certificate (checked per call by the authorizer).
+       .credentials = config.security.transport.ServerCredentials(rpc::ClientCerts::kVerifyIfGiven),
+       .health_listen_address = config.security.health_listen,
        .max_receive_message_bytes = static_cast<int>(config.router.max_request_bytes)});
   if (!server.ok()) {
     fprintf(stderr, "kvstrata-router: --listen: %s\n", server.status().ToString().c_str());
@@ -298,6 +339,12 @@ int Run(const RouterConfig& config) {
           http_server
               ? absl::StrCat("on ", config.http->host, " port ", http_server->port()).c_str()
               : "(off)");
+  fprintf(
+      stderr, "kvstrata-router: gRPC transport: %s; tenants %s\n",
+      config.security.transport.Describe(rpc::ClientCerts::kVerifyIfGiven).c_str(),
+      tenant_keys
+          ? absl::StrCat("from ", config.api_keys_file, " (", tenant_keys->size(), " keys)").c_str()
+          : "off (cache_salt as sent)");
 
   std::thread waiter([&] {
     const int signal = WaitForShutdownSignal();
@@ -340,7 +387,8 @@ int main(int argc, char** argv) {
       "usage: kvstrata-router [--listen=HOST:PORT] [--policy=NAME] [--kvstore=HOST:PORT,...] ...");
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "services/router/main.cc");
+    return absl::EndsWith(file, "services/router/main.cc") ||
+           kvstrata::rpc::IsSecurityFlagsFile(file);
   };
   absl::SetFlagsUsageConfig(usage_config);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

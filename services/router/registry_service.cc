@@ -15,6 +15,13 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
                                              const v1::RegisterWorkerRequest* request,
                                              v1::RegisterWorkerResponse* response) {
   Router& r = *router_;
+  if (r.options_.authorizer != nullptr) {
+    if (grpc::Status s =
+            r.options_.authorizer->Require(*context, "RegisterWorker", rpc::PeerRole::kWorker);
+        !s.ok()) {
+      return s;
+    }
+  }
   if (request->worker_id().empty()) {
     return rpc::ToGrpcStatus(absl::InvalidArgumentError("worker_id: must not be empty"));
   }
@@ -86,6 +93,13 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
                                         const v1::HeartbeatRequest* request,
                                         v1::HeartbeatResponse* response) {
   Router& r = *router_;
+  if (r.options_.authorizer != nullptr) {
+    if (grpc::Status s =
+            r.options_.authorizer->Require(*context, "Heartbeat", rpc::PeerRole::kWorker);
+        !s.ok()) {
+      return s;
+    }
+  }
   const std::string& worker = request->worker_id();
   {
     std::lock_guard<std::mutex> lock(r.mu_);

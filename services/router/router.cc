@@ -190,7 +190,8 @@ std::shared_ptr<v1::Generation::Stub> Router::StubFor(const std::string& address
   std::shared_ptr<v1::Generation::Stub>& stub = stubs_[address];
   if (stub == nullptr) {
     stub = v1::Generation::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        options_.dial ? options_.dial(address)
+                      : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
   return stub;
 }
@@ -311,8 +312,9 @@ void Router::CancellationLoop() {
 }
 
 void Router::WatchKvStore(const std::string& address) {
-  std::unique_ptr<v1::KvStore::Stub> stub =
-      v1::KvStore::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::unique_ptr<v1::KvStore::Stub> stub = v1::KvStore::NewStub(
+      options_.dial ? options_.dial(address)
+                    : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   bool was_connected = true;
   for (;;) {
     grpc::ClientContext context;

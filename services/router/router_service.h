@@ -38,6 +38,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,8 +52,10 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/metrics.h"
+#include "core/tenant_keys.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
 #include "kvstrata/v1/worker.grpc.pb.h"
+#include "rpc/peer_auth.h"
 #include "services/common/generation_service.h"
 #include "services/router/policy.h"
 #include "services/router/prefix_index.h"
@@ -93,6 +96,15 @@ struct RouterOptions {
   // Largest request message accepted (the gRPC server's receive limit, set by main); reported in
   // GetServerInfo.
   int64_t max_request_bytes = int64_t{64} << 20;
+  // API keys to tenants (core/tenant_keys.h). Set: every Generate needs a key ("authorization:
+  // Bearer <key>" metadata) and its tenant is bound into the cache namespace
+  // (TenantCacheSalt); null: no tenants, a request's cache_salt is used as sent. Borrowed.
+  TenantKeys* tenant_keys = nullptr;
+  // Who may register as a worker (rpc/peer_auth.h); borrowed; null: anyone.
+  const rpc::PeerAuthorizer* authorizer = nullptr;
+  // Makes the channels to workers and kvstores (rpc::TransportSecurity::Dial); empty:
+  // plaintext.
+  std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> dial;
 };
 
 // What every worker of the pool must share for page keys to match.

@@ -74,6 +74,11 @@ TEST(RadixHashVectorsTest, MatchesEveryVector) {
     ns.rotation_digest = n["rotation_digest"].get<std::string>();
     ns.page_tokens = n["page_tokens"].get<uint32_t>();
     ns.cache_salt = n["cache_salt"].get<std::string>();
+    if (n.contains("tenant")) {
+      EXPECT_EQ(
+          TenantCacheSalt(n["tenant"].get<std::string>(), n["client_salt"].get<std::string>()),
+          ns.cache_salt);
+    }
     const std::vector<int64_t> wide_tokens = c["tokens"].get<std::vector<int64_t>>();
     const std::vector<int32_t> tokens(wide_tokens.begin(), wide_tokens.end());
     ASSERT_EQ(std::vector<int64_t>(tokens.begin(), tokens.end()), wide_tokens);

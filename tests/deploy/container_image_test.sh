@@ -84,7 +84,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 port=$(free_port)
 metrics_port=$(free_port)
 # Chroot isolation shares the host's network, so a loopback port is reachable from here.
-run_in kvstrata-kvstore --listen="127.0.0.1:$port" --metrics_listen="127.0.0.1:$metrics_port" \
+run_in kvstrata-kvstore --insecure --listen="127.0.0.1:$port" --metrics_listen="127.0.0.1:$metrics_port" \
   >"$work/kvstore.log" 2>&1 &
 server_pid=$!
 "$bin_dir/kvstrata" health --target="127.0.0.1:$port" --service=kvstrata.v1.KvStore \

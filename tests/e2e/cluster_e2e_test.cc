@@ -85,7 +85,7 @@ class Cluster {
       metrics_ports_.push_back(metrics);
       children_.push_back(std::make_unique<Child>(
           absl::StrCat("kvstore", i), KVSTRATA_KVSTORE_BINARY,
-          std::vector<std::string>{absl::StrCat("--listen=", stores.back()),
+          std::vector<std::string>{"--insecure", absl::StrCat("--listen=", stores.back()),
                                    absl::StrCat("--metrics_listen=127.0.0.1:", metrics),
                                    "--capacity_mb=256", "--shutdown_grace_ms=500"}));
       if (!WaitServing(stores.back(), "kvstrata.v1.KvStore", *children_.back(),
@@ -102,7 +102,7 @@ class Cluster {
     children_.push_back(std::make_unique<Child>(
         "router", KVSTRATA_ROUTER_BINARY,
         std::vector<std::string>{
-            absl::StrCat("--listen=", router_address_),
+            "--insecure", absl::StrCat("--listen=", router_address_),
             absl::StrCat("--metrics_listen=127.0.0.1:", router_metrics_port_),
             absl::StrCat("--model=", model), absl::StrCat("--policy=", options.policy),
             "--heartbeat_interval_ms=200", "--shutdown_grace_ms=1000", kvstore_flag}));
@@ -118,12 +118,12 @@ class Cluster {
       metrics_ports_.push_back(metrics);
       children_.push_back(std::make_unique<Child>(
           id, KVSTRATA_DECODE_BINARY,
-          std::vector<std::string>{absl::StrCat("--listen=", address),
-                                   absl::StrCat("--metrics_listen=127.0.0.1:", metrics),
-                                   absl::StrCat("--model=", model), absl::StrCat("--worker_id=", id),
-                                   absl::StrCat("--router=", router_address_), kvstore_flag,
-                                   "--kv_cache_mb=192", "--local_cache_mb=128",
-                                   "--shutdown_grace_ms=1000"}));
+          std::vector<std::string>{
+              "--insecure", absl::StrCat("--listen=", address),
+              absl::StrCat("--metrics_listen=127.0.0.1:", metrics), absl::StrCat("--model=", model),
+              absl::StrCat("--worker_id=", id), absl::StrCat("--router=", router_address_),
+              kvstore_flag, "--kv_cache_mb=192", "--local_cache_mb=128",
+              "--shutdown_grace_ms=1000"}));
       workers.push_back({address, children_.back().get()});
     }
     for (auto& [address, child] : workers) {

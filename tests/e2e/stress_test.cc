@@ -235,31 +235,30 @@ class StressCluster {
     kvstore_address_ = absl::StrCat("127.0.0.1:", FreePort());
     kvstore_ = std::make_unique<Child>(
         "kvstore", KVSTRATA_KVSTORE_BINARY,
-        std::vector<std::string>{absl::StrCat("--listen=", kvstore_address_),
+        std::vector<std::string>{"--insecure", absl::StrCat("--listen=", kvstore_address_),
                                  "--metrics_listen=", "--capacity_mb=128"});
     router_address_ = absl::StrCat("127.0.0.1:", FreePort());
     router_metrics_ = FreePort();
     router_ = std::make_unique<Child>(
         "router", KVSTRATA_ROUTER_BINARY,
-        std::vector<std::string>{absl::StrCat("--listen=", router_address_),
-                                 absl::StrCat("--metrics_listen=127.0.0.1:", router_metrics_),
-                                 absl::StrCat("--model=", model),
-                                 absl::StrCat("--kvstore=", kvstore_address_),
-                                 "--heartbeat_interval_ms=1000", "--log_requests=false",
-                                 "--shutdown_grace_ms=500"});
+        std::vector<std::string>{
+            "--insecure", absl::StrCat("--listen=", router_address_),
+            absl::StrCat("--metrics_listen=127.0.0.1:", router_metrics_),
+            absl::StrCat("--model=", model), absl::StrCat("--kvstore=", kvstore_address_),
+            "--heartbeat_interval_ms=1000", "--log_requests=false", "--shutdown_grace_ms=500"});
     for (const char* id : {"decode-a", "decode-b"}) {
       Worker w;
       w.address = absl::StrCat("127.0.0.1:", FreePort());
       w.metrics_port = FreePort();
       w.child = std::make_unique<Child>(
           id, KVSTRATA_DECODE_BINARY,
-          std::vector<std::string>{absl::StrCat("--listen=", w.address),
-                                   absl::StrCat("--metrics_listen=127.0.0.1:", w.metrics_port),
-                                   absl::StrCat("--model=", model), absl::StrCat("--worker_id=", id),
-                                   absl::StrCat("--router=", router_address_),
-                                   absl::StrCat("--kvstore=", kvstore_address_),
-                                   "--kv_cache_mb=128", "--local_cache_mb=64",
-                                   "--shutdown_grace_ms=500"});
+          std::vector<std::string>{
+              "--insecure", absl::StrCat("--listen=", w.address),
+              absl::StrCat("--metrics_listen=127.0.0.1:", w.metrics_port),
+              absl::StrCat("--model=", model), absl::StrCat("--worker_id=", id),
+              absl::StrCat("--router=", router_address_),
+              absl::StrCat("--kvstore=", kvstore_address_), "--kv_cache_mb=128",
+              "--local_cache_mb=64", "--shutdown_grace_ms=500"});
       workers_.push_back(std::move(w));
     }
     if (!WaitServing(kvstore_address_, "kvstrata.v1.KvStore", *kvstore_, absl::Seconds(20))) {

@@ -57,7 +57,7 @@ class LoadTestCluster : public ::testing::Test {
     children_ = new std::vector<std::unique_ptr<Child>>;
     children_->push_back(std::make_unique<Child>(
         "router", KVSTRATA_ROUTER_BINARY,
-        std::vector<std::string>{absl::StrCat("--listen=", *target_),
+        std::vector<std::string>{"--insecure", absl::StrCat("--listen=", *target_),
                                  absl::StrCat("--metrics_listen=127.0.0.1:", test_util::FreePort()),
                                  absl::StrCat("--model=", model), "--heartbeat_interval_ms=200",
                                  "--shutdown_grace_ms=500"}));
@@ -66,7 +66,7 @@ class LoadTestCluster : public ::testing::Test {
       children_->push_back(std::make_unique<Child>(
           absl::StrCat("decode-", i), KVSTRATA_DECODE_BINARY,
           std::vector<std::string>{
-              absl::StrCat("--listen=", address),
+              "--insecure", absl::StrCat("--listen=", address),
               absl::StrCat("--metrics_listen=127.0.0.1:", test_util::FreePort()),
               absl::StrCat("--model=", model), absl::StrCat("--worker_id=decode-", i),
               absl::StrCat("--router=", *target_), "--kv_cache_mb=192", "--local_cache_mb=128",

@@ -327,5 +327,39 @@ TEST(StatusTest, CodesOutsideTheEnumBecomeUnknownKeepingTheMessage) {
   EXPECT_EQ(to_wire.error_message(), "odd library");
 }
 
+// The health-only port answers in plaintext what the main port answers, and serves nothing
+// else: Kubernetes probes it while the main port speaks only TLS.
+TEST(ServerHealthPortTest, MirrorsTheServingStatusAndServesNothingElse) {
+  StatsOnlyKvStore store;
+  absl::StatusOr<std::unique_ptr<Server>> server =
+      Server::Start({.listen_address = "127.0.0.1:0",
+                     .services = {&store},
+                     .health_listen_address = "127.0.0.1:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->health_port(), 0);
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->health_port()),
+                                     grpc::InsecureChannelCredentials());
+  auto check = [&](const std::string& service) {
+    grpc::ClientContext context;
+    SetTestDeadline(context);
+    HealthCheckRequest request;
+    request.set_service(service);
+    HealthCheckResponse response;
+    const grpc::Status status = Health::NewStub(channel)->Check(&context, request, &response);
+    return status.ok() ? response.status() : HealthCheckResponse::UNKNOWN;
+  };
+  EXPECT_EQ(check(""), HealthCheckResponse::SERVING);
+  (*server)->SetServingStatus("kvstrata.v1.KvStore", true);
+  EXPECT_EQ(check("kvstrata.v1.KvStore"), HealthCheckResponse::SERVING);
+  (*server)->SetServingStatus("kvstrata.v1.KvStore", false);
+  EXPECT_EQ(check("kvstrata.v1.KvStore"), HealthCheckResponse::NOT_SERVING);
+
+  grpc::ClientContext context;
+  SetTestDeadline(context);
+  v1::StatsResponse stats;
+  EXPECT_EQ(v1::KvStore::NewStub(channel)->Stats(&context, v1::StatsRequest(), &stats).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
 }  // namespace
 }  // namespace kvstrata::rpc

@@ -46,8 +46,9 @@ TEST(KvStoreBinaryTest, ServesHealthAndMetricsAndStopsOnSigterm) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    execl(KVSTRATA_KVSTORE_BINARY, "kvstrata-kvstore", listen.c_str(), metrics_listen.c_str(),
-          "--capacity_mb=4", "--shutdown_grace_ms=500", static_cast<char*>(nullptr));
+    execl(KVSTRATA_KVSTORE_BINARY, "kvstrata-kvstore", "--insecure", listen.c_str(),
+          metrics_listen.c_str(), "--capacity_mb=4", "--shutdown_grace_ms=500",
+          static_cast<char*>(nullptr));
     _exit(127);
   }
 

@@ -6,6 +6,14 @@
 
 #include "services/router/router_service.h"
 
+#include <gmock/gmock.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/radix_hash.h"
+#include "core/tenant_keys.h"
 #include "tests/services/router_test_util.h"
 
 namespace kvstrata::router {
@@ -152,6 +160,51 @@ TEST_F(RouterServiceTest, NoWorkerIsUnavailableAndBadInputIsInvalidArgument) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(r.status.error_message().find("chat.messages"), std::string::npos);
   EXPECT_TRUE(r.messages.empty());
+}
+
+// With API keys, the tenant of the key, not the client, decides the cache namespace: what the
+// router hashes for routing and the salt the worker gets. A client cannot reach another
+// tenant's namespace by sending that tenant's salt.
+TEST_F(RouterServiceTest, TenantsFromApiKeysAreBoundIntoTheNamespace) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/router-api-keys-", getpid());
+  std::ofstream(path) << "acme " << HashApiKey("key-a") << "\nglobex " << HashApiKey("key-b")
+                      << "\n";
+  absl::StatusOr<std::unique_ptr<TenantKeys>> keys = TenantKeys::Load(path, absl::Seconds(10));
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  Start({.policy = "prefix-affinity", .tenant_keys = keys->get()});
+  Worker w = StartWorker("w");
+  ASSERT_TRUE(Register(Registration("w", w.server->address())).ok());
+
+  auto generate = [&](const std::string& api_key, const std::string& salt) {
+    grpc::ClientContext c;
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!api_key.empty()) c.AddMetadata("authorization", "Bearer " + api_key);
+    v1::GenerateRequest g;
+    g.set_text(Text(3));
+    g.set_cache_salt(salt);
+    auto reader = gen_stub_->Generate(&c, g);
+    v1::GenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  };
+  const grpc::Status anonymous = generate("", "");
+  EXPECT_EQ(anonymous.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(generate("key-unknown", "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(w.service->received().empty());
+
+  const std::string acme_salt = TenantCacheSalt("acme", "");
+  ASSERT_TRUE(generate("key-a", "").ok());
+  ASSERT_TRUE(generate("key-b", acme_salt).ok());  // globex sends acme's salt
+  const std::vector<v1::GenerateRequest> sent = w.service->received();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].cache_salt(), acme_salt);
+  EXPECT_EQ(sent[1].cache_salt(), TenantCacheSalt("globex", acme_salt));
+  // The page keys the router computed differ: no page of one is a page of the other.
+  ASSERT_GT(sent[0].routing().prefix_page_keys_size(), 0);
+  for (const std::string& k : sent[0].routing().prefix_page_keys()) {
+    EXPECT_THAT(sent[1].routing().prefix_page_keys(), ::testing::Not(::testing::Contains(k)));
+  }
 }
 
 TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThePages) {

@@ -5,8 +5,10 @@
 #include <grpcpp/security/credentials.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -14,10 +16,30 @@
 #include "absl/strings/strip.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
+#include "rpc/security_flags.h"
 #include "rpc/status.h"
+
+ABSL_FLAG(std::string, api_key, "",
+          "API key sent to the router as \"authorization: Bearer <key>\" (default: "
+          "$KVSTRATA_API_KEY). With --tls_ca (and --tls_cert, --tls_key) the tool speaks TLS.");
 
 namespace kvstrata::cli {
 namespace {
+
+// A channel per the TLS flags (plaintext without --tls_ca).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& target) {
+  absl::StatusOr<rpc::TransportSecurity> security = rpc::ClientSecurityFromFlags();
+  if (!security.ok()) return security.status();
+  return security->Dial(target);
+}
+
+std::string ApiKey() {
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  if (key.empty()) {
+    if (const char* env = std::getenv("KVSTRATA_API_KEY")) key = env;
+  }
+  return key;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -36,8 +58,9 @@ std::string FinishName(v1::FinishReason reason) {
 
 absl::StatusOr<ClientResult> Generate(const std::string& target, const ClientRequest& request,
                                       const std::function<void(const std::string&)>& on_text) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  auto stub = v1::Generation::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(target);
+  if (!channel.ok()) return channel.status();
+  auto stub = v1::Generation::NewStub(*channel);
 
   v1::GenerateRequest proto;
   proto.set_request_id(request.request_id);
@@ -58,6 +81,9 @@ absl::StatusOr<ClientResult> Generate(const std::string& target, const ClientReq
   proto.mutable_stop()->set_max_tokens(request.max_tokens);
 
   grpc::ClientContext context;
+  if (const std::string key = ApiKey(); !key.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", key));
+  }
   if (request.deadline_ms > 0) {
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(request.deadline_ms));
@@ -108,8 +134,9 @@ absl::StatusOr<ClientResult> Generate(const std::string& target, const ClientReq
 
 absl::Status CheckHealth(const std::string& target, const std::string& service,
                          int64_t timeout_ms) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  auto stub = grpc::health::v1::Health::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(target);
+  if (!channel.ok()) return channel.status();
+  auto stub = grpc::health::v1::Health::NewStub(*channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   // Wait for the port to open within the deadline rather than failing on the first refusal.
