@@ -205,8 +205,9 @@ int Run(const std::string& self) {
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   absl::StatusOr<std::pair<std::string, std::string>> gpu = engine::GpuUuidAndName(0);
-  auto open = [&](int n, v1::OpenTransferResponse* response) {
+  auto open = [&](int n, v1::OpenTransferResponse* response, bool compact = true) {
     v1::OpenTransferRequest request;
+    request.set_compact(compact);
     request.set_client_id("bench-transport");
     request.mutable_device()->set_gpu_uuid(gpu.ok() ? gpu->first : "");
     request.mutable_device()->set_host_boot_id(transport::HostBootId());
@@ -262,16 +263,31 @@ int Run(const std::string& self) {
   std::vector<kernels::PageCopy> host_copies(max_pages);
   std::vector<uint32_t> host_mismatch(max_pages);
 
+  // Page i's offset in the pool, length and digest, from a compact answer or from segments.
+  auto placement = [](const v1::OpenTransferResponse& r, int i) {
+    struct Placement {
+      uint64_t offset, bytes, digest;
+    };
+    if (r.has_placements()) {
+      const v1::PoolPlacements& p = r.placements();
+      return Placement{p.offset_bytes(i), p.byte_length(i), p.digest64(i)};
+    }
+    const v1::TransferSegment& s = r.segments(i);
+    return Placement{s.offset_bytes(), s.header().byte_length(), s.digest64()};
+  };
+  auto answered = [](const v1::OpenTransferResponse& r) {
+    return r.has_placements() ? r.placements().offset_bytes_size() : r.segments_size();
+  };
   // Copies `n` pages (dst null: digests only) and returns the kernel time in ms, or -1.
   auto gather = [&](const v1::OpenTransferResponse& r, int n, bool copy, uint8_t* src_override)
       -> double {
     for (int i = 0; i < n; ++i) {
-      const v1::TransferSegment& s = r.segments(i);
+      const auto p = placement(r, i);
       host_copies[i] = {.src = src_override != nullptr ? src_override + i * page_bytes
-                                                        : (*pool)->data() + s.offset_bytes(),
+                                                        : (*pool)->data() + p.offset,
                         .dst = copy ? dst + i * page_bytes : nullptr,
-                        .bytes = s.header().byte_length(),
-                        .expected_digest = s.digest64()};
+                        .bytes = p.bytes,
+                        .expected_digest = p.digest};
     }
     if (cudaMemcpyAsync(copies, host_copies.data(), sizeof(kernels::PageCopy) * n,
                         cudaMemcpyHostToDevice, stream) != cudaSuccess) {
@@ -296,19 +312,28 @@ int Run(const std::string& self) {
   };
 
   nlohmann::json results = nlohmann::json::array();
-  printf("\n%6s %10s %12s %12s %10s %10s %10s %9s %9s\n", "pages", "MB", "handshake ms",
-         "in place ms", "gather ms", "grpc ms", "copy ms", "gather/copy", "grpc GB/s");
+  printf("\n%6s %10s %12s %12s %12s %10s %10s %10s %9s %9s\n", "pages", "MB", "handshake ms",
+         "(headers) ms", "in place ms", "gather ms", "grpc ms", "copy ms", "gather/copy",
+         "grpc GB/s");
   for (int n : lengths) {
-    std::vector<double> handshake, in_place, gathered, grpc_ms, copy_ms;
+    std::vector<double> handshake, handshake_full, in_place, gathered, grpc_ms, copy_ms;
     int bad = 0;
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
       v1::OpenTransferResponse r;
       const auto t0 = Clock::now();
       grpc::Status s = open(n, &r);
       handshake.push_back(Ms(Clock::now() - t0));
-      if (!s.ok() || r.transport() != v1::TRANSPORT_SAME_GPU_POOL || r.segments_size() != n) {
+      if (!s.ok() || r.transport() != v1::TRANSPORT_SAME_GPU_POOL || answered(r) != n) {
         Check(false, absl::StrCat("handshake for ", n, " pages: ", s.error_message()));
         break;
+      }
+      {
+        // The same handshake answering full segments (headers included), for comparison.
+        v1::OpenTransferResponse full;
+        const auto f0 = Clock::now();
+        grpc::Status fs = open(n, &full, /*compact=*/false);
+        handshake_full.push_back(Ms(Clock::now() - f0));
+        if (fs.ok()) client.Release(full.lease_id()).IgnoreError();
       }
       in_place.push_back(gather(r, n, /*copy=*/false, nullptr));
       bad += mismatches(n);
@@ -322,7 +347,7 @@ int Run(const std::string& self) {
       grpc_ms.push_back(Ms(Clock::now() - g0));
       if (!fetched.ok()) Check(false, absl::StrCat("grpc fetch: ", fetched.status().ToString()));
       cudaEventRecord(e0, stream);
-      cudaMemcpyAsync(dst, (*pool)->data() + r.segments(0).offset_bytes(), page_bytes * n,
+      cudaMemcpyAsync(dst, (*pool)->data() + placement(r, 0).offset, page_bytes * n,
                       cudaMemcpyDeviceToDevice, stream);
       cudaEventRecord(e1, stream);
       cudaStreamSynchronize(stream);
@@ -346,13 +371,15 @@ int Run(const std::string& self) {
     Check(bad == 0 && same, absl::StrCat(n, " pages: digests match and bytes equal the published"));
     const double mb = page_bytes * n / 1e6;
     const double g = Median(gathered), c = Median(copy_ms), p = Median(grpc_ms);
-    printf("%6d %10.1f %12.3f %12.3f %10.3f %10.1f %10.3f %9.2f %9.2f\n", n, mb,
-           Median(handshake), Median(in_place), g, p, c, c / g, mb / 1e3 / (p / 1e3));
+    printf("%6d %10.1f %12.3f %12.3f %12.3f %10.3f %10.1f %10.3f %9.2f %9.2f\n", n, mb,
+           Median(handshake), Median(handshake_full), Median(in_place), g, p, c, c / g,
+           mb / 1e3 / (p / 1e3));
     printf("       gather %.0f GB/s (read + write %.0f GB/s), in-place digest %.0f GB/s, copy "
            "%.0f GB/s\n",
            mb / 1e3 / (g / 1e3), 2 * mb / 1e3 / (g / 1e3), mb / 1e3 / (Median(in_place) / 1e3),
            mb / 1e3 / (c / 1e3));
     results.push_back({{"pages", n}, {"bytes", page_bytes * n}, {"handshake_ms", Median(handshake)},
+                       {"handshake_with_headers_ms", Median(handshake_full)},
                        {"in_place_digest_ms", Median(in_place)}, {"gather_ms", g},
                        {"grpc_fetch_ms", p}, {"device_copy_ms", c}, {"rounds", handshake.size()}});
   }

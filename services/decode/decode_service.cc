@@ -564,6 +564,7 @@ void DecodeService::StoreLocal(const std::string& request_id,
 }
 
 DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string& request_id,
+                                                             const PageKey& namespace_key,
                                                              const std::vector<PageKey>& keys,
                                                              size_t skip) {
   if (ring_ == nullptr || keys.empty() || skip >= keys.size()) return {};
@@ -604,7 +605,9 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
   FetchedPrefix out;
   if (same_gpu_ != nullptr && same_gpu_->enabled()) {
     if (std::optional<std::vector<engine::DevicePage>> device =
-            OpenSameGpuTransfer(client, request_id, refs, lease_id)) {
+            OpenSameGpuTransfer(client, request_id, refs,
+                                skip == 0 ? namespace_key : keys[skip - 1],
+                                static_cast<int64_t>(skip), lease_id)) {
       out.device_pages = *std::move(device);
       out.lease = std::move(lease);
       metrics_->kvstore_transfers.With({"same_gpu_pool"}).Increment();
@@ -636,10 +639,12 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
 
 std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfer(
     kvstore::KvStoreClient* client, const std::string& request_id,
-    const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, uint64_t lease_id) {
+    const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, const PageKey& first_parent,
+    int64_t first_index, uint64_t lease_id) {
   if (lease_id == 0) return std::nullopt;
   v1::OpenTransferRequest request;
   request.set_client_id(options_.worker_id);
+  request.set_compact(true);
   same_gpu_->Describe(&request);
   request.set_lease_id(lease_id);
   for (const auto& [key, encoding] : refs) {
@@ -657,7 +662,11 @@ std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfe
     return std::nullopt;
   }
   if (answer->transport() != v1::TRANSPORT_SAME_GPU_POOL) return std::nullopt;
-  absl::StatusOr<std::vector<engine::DevicePage>> pages = same_gpu_->Pages(*answer);
+  std::vector<PageKey> keys;
+  keys.reserve(refs.size());
+  for (const auto& ref : refs) keys.push_back(ref.first);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      same_gpu_->Pages(*answer, keys, first_parent, first_index);
   if (!pages.ok()) {
     metrics_->kvstore_errors.With({"transfer"}).Increment();
     fprintf(stderr, "kvstrata-decode: request %s: same-GPU pool of kvstore %s: %s (using Fetch)\n",
@@ -969,7 +978,8 @@ void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& ca
   }
   call.local_pages = static_cast<int>(pages.size());
   const absl::Time fetch_start = absl::Now();
-  FetchedPrefix fetched = FetchCachedPrefix(call.request_id, call.keys, pages.size());
+  FetchedPrefix fetched =
+      FetchCachedPrefix(call.request_id, call.namespace_key, call.keys, pages.size());
   call.kvstore_pages = static_cast<int>(fetched.size());
   for (std::string& page : fetched.pages) pages.push_back(std::move(page));
   call.engine_request.device_cached_pages = std::move(fetched.device_pages);

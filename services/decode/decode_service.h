@@ -176,13 +176,15 @@ class DecodeService final : public GenerationService {
     std::shared_ptr<void> lease;                  // released when the last holder lets go
     size_t size() const { return pages.size() + device_pages.size(); }
   };
-  FetchedPrefix FetchCachedPrefix(const std::string& request_id, const std::vector<PageKey>& keys,
-                                  size_t skip);
+  FetchedPrefix FetchCachedPrefix(const std::string& request_id, const PageKey& namespace_key,
+                                  const std::vector<PageKey>& keys, size_t skip);
   // The same-GPU pool's pages for `refs`, under `lease_id`; nullopt when the store answers
   // another transport or anything fails (then Fetch).
+  // `first_parent` is the parent of refs[0]'s page, whose index is `first_index`.
   std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
       kvstore::KvStoreClient* client, const std::string& request_id,
-      const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, uint64_t lease_id);
+      const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, const PageKey& first_parent,
+      int64_t first_index, uint64_t lease_id);
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);

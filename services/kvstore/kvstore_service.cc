@@ -687,11 +687,23 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
         pool->set_socket_path(options_.same_gpu_pool.socket_path);
         pool->set_pool_id(options_.same_gpu_pool.pool_id);
         pool->set_pool_bytes(store_->fast_tier()->size());
-        for (const FastTierPlacement& p : *placed) {
-          v1::TransferSegment* segment = response->add_segments();
-          FillHeader(p.meta, segment->mutable_header());
-          segment->set_offset_bytes(p.offset);
-          segment->set_digest64(p.meta.digest64);
+        if (request->compact()) {
+          v1::PoolPlacements* out = response->mutable_placements();
+          out->mutable_offset_bytes()->Reserve(static_cast<int>(placed->size()));
+          out->mutable_digest64()->Reserve(static_cast<int>(placed->size()));
+          for (const FastTierPlacement& p : *placed) {
+            out->add_offset_bytes(p.offset);
+            out->add_digest64(p.meta.digest64);
+            out->add_byte_length(p.meta.byte_length);
+            out->add_encoding(ToProto(p.meta.form));
+          }
+        } else {
+          for (const FastTierPlacement& p : *placed) {
+            v1::TransferSegment* segment = response->add_segments();
+            FillHeader(p.meta, segment->mutable_header());
+            segment->set_offset_bytes(p.offset);
+            segment->set_digest64(p.meta.digest64);
+          }
         }
       } else if (placed.status().code() == absl::StatusCode::kResourceExhausted) {
         transport = v1::TRANSPORT_GRPC_STREAM;  // the pool is full of leased pages: use Fetch

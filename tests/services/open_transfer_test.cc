@@ -113,6 +113,29 @@ TEST_F(OpenTransferTest, AClientOnTheStoresGpuGetsPoolOffsetsAndDigests) {
   EXPECT_TRUE(store_->Release(response.lease_id()));
 }
 
+TEST_F(OpenTransferTest, ACompactAnswerGivesTheSamePlacementsAsArrays) {
+  Start(/*fast_tier=*/true);
+  v1::OpenTransferResponse full;
+  ASSERT_TRUE(Open(Request({v1::TRANSPORT_SAME_GPU_POOL}), &full).ok());
+  v1::OpenTransferRequest request = Request({v1::TRANSPORT_SAME_GPU_POOL});
+  request.set_compact(true);
+  v1::OpenTransferResponse compact;
+  ASSERT_TRUE(Open(request, &compact).ok());
+  EXPECT_EQ(compact.segments_size(), 0);
+  const v1::PoolPlacements& p = compact.placements();
+  ASSERT_EQ(p.offset_bytes_size(), 3);
+  ASSERT_EQ(p.digest64_size(), 3);
+  ASSERT_EQ(p.byte_length_size(), 3);
+  ASSERT_EQ(p.encoding_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(p.offset_bytes(i), full.segments(i).offset_bytes());
+    EXPECT_EQ(p.digest64(i), full.segments(i).digest64());
+    EXPECT_EQ(p.byte_length(i), chain_[i].bytes.size());
+    EXPECT_EQ(p.encoding(i), v1::PAGE_ENCODING_BF16);
+  }
+  EXPECT_LT(compact.ByteSizeLong(), full.ByteSizeLong() / 2);
+}
+
 TEST_F(OpenTransferTest, AnotherGpuOrHostGetsTheByteStreamWithTheLease) {
   Start(/*fast_tier=*/true);
   for (auto [gpu, boot] : {std::pair{"GPU-other", kBoot}, std::pair{kGpu, "another-host"}}) {
