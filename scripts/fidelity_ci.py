@@ -50,8 +50,8 @@ def main() -> None:
             results += json.load(f)["results"]
     baselines = args.vs.split(",")
     contexts = sorted({r["context"] for r in results})
-    head = "| format | context | windows | history bits | KL mean [95% CI] | top-1 |"
-    rule = "|---|---:|---:|---:|---|---:|"
+    head = "| format | context | windows | history bits | ΔPPL | KL mean [95% CI] | top-1 |"
+    rule = "|---|---:|---:|---:|---:|---|---:|"
     for b in baselines:
         head += f" KL / {b} [95% CI] |"
         rule += "---|"
@@ -64,7 +64,7 @@ def main() -> None:
             w = r["window_kl"]
             (lo, hi), _ = bootstrap(w)
             line = (f"| {r['format']} | {ctx} | {len(w)} | {r['history_bits_per_element']:.3f} | "
-                    f"{mean(w):.2e} [{lo:.2e}, {hi:.2e}] | {100 * r['top1']:.2f}% |")
+                    f"{100 * r['ppl_change']:+.2f}% | {mean(w):.2e} [{lo:.2e}, {hi:.2e}] | {100 * r['top1']:.2f}% |")
             for b in baselines:
                 base = by_name.get(b)
                 if base is None or len(base["window_kl"]) != len(w):
