@@ -1,7 +1,10 @@
 """Mean KL with bootstrap confidence intervals over windows, from `kvstrata eval --json` results
 (docs/fidelity.md, "Round 2"). Standard library only.
 
-    python3 scripts/fidelity_ci.py [--vs FORMAT[,FORMAT]] RESULTS.json [MORE.json ...]
+    python3 scripts/fidelity_ci.py [--vs FORMAT[,FORMAT]] [--only FORMAT[,FORMAT]] RESULTS.json ...
+
+Results of the same context from several files are paired only when they ran on the same
+windows (same context and window count: MakeWindows is deterministic).
 
 Every window of a context scores the same number of positions, so the mean KL of a format is
 the mean of its per-window means. The 95 % interval resamples windows with replacement (2,000
@@ -42,6 +45,7 @@ def bootstrap(windows, baseline=None, seed=19):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vs", default="turbo3,oscar")
+    ap.add_argument("--only", default="", help="print only these formats")
     ap.add_argument("json", nargs="+")
     args = ap.parse_args()
     results = []
@@ -61,6 +65,8 @@ def main() -> None:
         at = [r for r in results if r["context"] == ctx]
         by_name = {r["format"]: r for r in at}
         for r in at:
+            if args.only and r["format"] not in args.only.split(","):
+                continue
             w = r["window_kl"]
             (lo, hi), _ = bootstrap(w)
             line = (f"| {r['format']} | {ctx} | {len(w)} | {r['history_bits_per_element']:.3f} | "
