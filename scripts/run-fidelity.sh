@@ -53,8 +53,10 @@ done
   --contexts 4096 --windows 3 --json "$out/fidelity2/confirm-4k.json" > "$out/fidelity2/confirm-4k.txt"
 "$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/confirm.formats)" \
   --contexts 8192 --windows 2 --json "$out/fidelity2/confirm-8k.json" > "$out/fidelity2/confirm-8k.txt"
-"$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/split-8k.formats)" \
-  --contexts 8192 --windows 2 --json "$out/fidelity2/split-8k.json" > "$out/fidelity2/split-8k.txt"
+for s in split vboost; do
+  "$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/$s.formats)" \
+    --contexts 8192 --windows 2 --json "$out/fidelity2/$s-8k.json" > "$out/fidelity2/$s-8k.txt"
+done
 python3 scripts/fidelity_ci.py "$out"/fidelity2/explore[1-4].json > "$out/fidelity2/explore.md"
 python3 scripts/fidelity_ci.py --vs turbo3 --only turbo3,oscar,P2 "$out"/fidelity2/explore1.json "$out"/fidelity2/explore4.json \
   "$out"/fidelity2/confirm-[48]k.json > "$out/fidelity2/confirm.md"
