@@ -102,7 +102,8 @@ struct LayerErrors {
 // positions and query heads.
 void AttentionErrors(const AttentionProbe& probe, const model::ModelConfig& c,
                      const kernels::KvGeometry& g, const EvalFormat& f,
-                     const engine::RotationSet& rot, LayerErrors* out) {
+                     const engine::RotationSet& rot, const kernels::HistoryCodec* codec,
+                     LayerErrors* out) {
   const int d = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads, group = nh / nkv;
   const int P = g.page_tokens;
   const int n = static_cast<int>(probe.k[0].size() / (static_cast<size_t>(nkv) * d));
@@ -170,7 +171,7 @@ void AttentionErrors(const AttentionProbe& probe, const model::ModelConfig& c,
           std::vector<float>& dst = kind == 0 ? kh_hist : vh_hist;
           const float clip = kind == 0 ? rot.key_clip(l, h) : rot.value_clip(l, h);
           engine::EncodeHistoryBlock(f.format, g, src.data() + pg * P * d, l, kind, h, clip,
-                                     block.data());
+                                     block.data(), codec);
           engine::DecodeHistoryBlock(f.format, g, block.data(), P, kind, dst.data() + pg * P * d);
         }
       }
@@ -231,6 +232,7 @@ struct Accumulator {
   int64_t history_positions = 0;
   double nll_sum = 0, nll_ref_sum = 0;
   int64_t top1 = 0;
+  std::vector<uint8_t> same_top;  // per scored position
   LayerErrors layers;
   int64_t attention_samples = 0;
   double seconds = 0;
@@ -266,6 +268,22 @@ absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
     // searched for.
     f.name = name.substr(0, eq);
     f.rotations_path = name.substr(eq + 1);
+    if (absl::StartsWith(f.rotations_path, "codec:")) {
+      // label=codec:SPEC[@FILE]: a candidate codec, parsed once the head_dim is known.
+      const std::string rest = f.rotations_path.substr(6);
+      const size_t at = rest.find('@');
+      f.format = engine::KvCacheFormat::kEvalCodec;
+      f.codec = rest.substr(0, at);
+      f.rotations_path = at == std::string::npos ? "" : rest.substr(at + 1);
+      f.rotations = f.rotations_path.empty()
+                        ? "identity"
+                        : f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
+      if (f.name.empty() || f.codec.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("format \"", name, "\" is not label=codec:SPEC[@FILE]"));
+      }
+      return f;
+    }
     f.rotations = f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
     if (f.name.empty() || f.rotations_path.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("format \"", name, "\" is not label=FILE"));
@@ -385,6 +403,16 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
   const kernels::KvGeometry geometry{c.num_layers, c.num_kv_heads, c.head_dim, group, 64};
   if (options.chunk < 1) return absl::InvalidArgumentError("chunk must be >= 1");
   const int threads = std::max(1, options.threads);
+  std::vector<std::shared_ptr<const kernels::HistoryCodec>> codecs(formats.size());
+  for (size_t fi = 0; fi < formats.size(); ++fi) {
+    if (formats[fi].format != engine::KvCacheFormat::kEvalCodec) continue;
+    auto codec = std::make_shared<kernels::HistoryCodec>();
+    std::string error;
+    if (!kernels::ParseHistoryCodec(formats[fi].codec, c.head_dim, codec.get(), &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("format ", formats[fi].name, ": ", error));
+    }
+    codecs[fi] = std::move(codec);
+  }
   std::optional<BlasThreads> blas;
   if (threads > 1) blas.emplace(1);
   EvalReport report;
@@ -417,9 +445,11 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
         CreateFidelityEngine(model, engine::KvCacheFormat::kBf16, kernels::SplitLayout{}, group, "",
                              context, chunk, engine_threads));
     std::vector<std::unique_ptr<engine::Engine>> engines;
-    for (const EvalFormat& f : formats) {
-      absl::StatusOr<std::unique_ptr<engine::Engine>> e = CreateFidelityEngine(
-          model, f.format, f.layout, group, f.rotations_path, context, chunk, engine_threads);
+    for (size_t fi = 0; fi < formats.size(); ++fi) {
+      const EvalFormat& f = formats[fi];
+      absl::StatusOr<std::unique_ptr<engine::Engine>> e =
+          CreateFidelityEngine(model, f.format, f.layout, group, f.rotations_path, context, chunk,
+                               engine_threads, codecs[fi]);
       if (!e.ok()) {
         return absl::Status(e.status().code(),
                             absl::StrCat("format ", f.name, ": ", e.status().message()));
@@ -485,6 +515,7 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
             a.nll_sum -= lp[target];
             a.nll_ref_sum -= ref_lp[r][target];
             a.top1 += argmax == ref_argmax[r];
+            a.same_top.push_back(argmax == ref_argmax[r]);
             if (f.format != engine::KvCacheFormat::kBf16 &&
                 kernels::SegmentsAt(f.layout, t + 1).history > 0) {
               a.kl_history_sum += kl;
@@ -504,7 +535,7 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
       }
       std::vector<LayerErrors> layer_errors(formats.size());
       ParallelFor(formats.size(), threads, [&](size_t fi) {
-        AttentionErrors(probe, c, geometry, formats[fi], engines[fi]->rotations(),
+        AttentionErrors(probe, c, geometry, formats[fi], engines[fi]->rotations(), codecs[fi].get(),
                         &layer_errors[fi]);
       });
       for (size_t fi = 0; fi < formats.size(); ++fi) {
@@ -534,10 +565,12 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
       r.windows = static_cast<int>(windows.size());
       r.positions = static_cast<int64_t>(a.kl.size());
       r.history_positions = a.history_positions;
-      r.bits_per_element = engine::SequenceBitsPerElement(f.format, f.layout, geometry, context);
-      r.history_bits_per_element = f.format == engine::KvCacheFormat::kBf16
-                                       ? 16.0
-                                       : engine::HistoryBitsPerElement(f.format, geometry);
+      r.bits_per_element =
+          engine::SequenceBitsPerElement(f.format, f.layout, geometry, context, codecs[fi].get());
+      r.history_bits_per_element =
+          f.format == engine::KvCacheFormat::kBf16
+              ? 16.0
+              : engine::HistoryBitsPerElement(f.format, geometry, codecs[fi].get());
       const double positions = std::max<int64_t>(1, r.positions);
       r.ppl = std::exp(a.nll_sum / positions);
       r.ppl_reference = std::exp(a.nll_ref_sum / positions);
@@ -553,6 +586,13 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
               : sorted[std::min(sorted.size() - 1, static_cast<size_t>(0.99 * sorted.size()))];
       r.kl_history_mean = a.history_positions > 0 ? a.kl_history_sum / a.history_positions : 0.0;
       r.top1 = static_cast<double>(a.top1) / positions;
+      const size_t per_window = static_cast<size_t>(context - 1);
+      for (size_t w0 = 0; w0 + per_window <= a.kl.size(); w0 += per_window) {
+        double kl_w = 0.0, top_w = 0.0;
+        for (size_t i = w0; i < w0 + per_window; ++i) kl_w += a.kl[i], top_w += a.same_top[i];
+        r.window_kl.push_back(kl_w / per_window);
+        r.window_top1.push_back(top_w / per_window);
+      }
       const double per_layer = static_cast<double>(std::max<int64_t>(1, a.attention_samples));
       for (int l = 0; l < c.num_layers; ++l) {
         r.layer_score_kl.push_back(a.layers.score_kl[l] / per_layer);
@@ -606,6 +646,8 @@ std::string EvalReportJson(const EvalReport& report) {
                        {"kl_p99", r.kl_p99},
                        {"kl_history_mean", r.kl_history_mean},
                        {"top1", r.top1},
+                       {"window_kl", r.window_kl},
+                       {"window_top1", r.window_top1},
                        {"attention_score_kl", r.score_kl},
                        {"attention_output_rel_error", r.output_rel_error},
                        {"layer_attention_score_kl", r.layer_score_kl},

@@ -41,6 +41,7 @@ struct EvalFormat {
   kernels::SplitLayout layout;  // sink 64, recent 256; "-nowin" variants: sink 0, recent 1
   std::string rotations_path;   // "" = identity
   std::string rotations;        // what the rotations are: "identity", "hadamard", a file name
+  std::string codec;            // kEvalCodec: its spec (kernels/history_codec.h)
 };
 
 // Rotation files the OSCAR formats need (empty: that format is unavailable).
@@ -59,6 +60,8 @@ struct EvalRotationFiles {
 //   oscar, oscar-shared, oscar-proxy     the split INT2 format with calibrated rotations and
 //   oscar-lm                             clip ratios (per head; per layer; value proxy;
 //                                        Lloyd-Max levels)
+//   label=codec:SPEC[@FILE]              a candidate history codec (kernels/history_codec.h)
+//                                        on the rows as FILE rotates them (identity without)
 // and any split format with "-nowin" appended: no sink, a 1-token recent window (only the
 // current, partly filled page stays BF16). InvalidArgument naming the format, or the flag of
 // the missing rotation file.
@@ -92,6 +95,7 @@ struct EvalResult {
   double ppl = 0, ppl_reference = 0, ppl_change = 0;  // change = ppl / ppl_reference - 1
   double kl_mean = 0, kl_p99 = 0, kl_history_mean = 0;
   double top1 = 0;                     // fraction of positions whose argmax equals the reference's
+  std::vector<double> window_kl, window_top1;  // per window: mean KL, top-1 (for bootstraps)
   std::vector<double> layer_score_kl;  // [layers]
   std::vector<double> layer_output_rel_error;  // [layers]
   double score_kl = 0, output_rel_error = 0;   // means over layers

@@ -7,7 +7,8 @@ namespace kvstrata::calibration {
 absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
     std::shared_ptr<const model::LoadedModel> model, engine::KvCacheFormat format,
     const kernels::SplitLayout& layout, int group_size, const std::string& rotations_path,
-    int64_t max_tokens, int chunk, int cpu_threads) {
+    int64_t max_tokens, int chunk, int cpu_threads,
+    std::shared_ptr<const kernels::HistoryCodec> codec) {
   const model::ModelConfig& c = model->config;
   kernels::KvGeometry g{c.num_layers, c.num_kv_heads, c.head_dim,
                         group_size > 0 ? group_size : c.head_dim, layout.page_tokens};
@@ -20,6 +21,7 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
   engine::EngineOptions o;
   o.rotations_path = rotations_path;
   o.kv_cache.format = format;
+  o.kv_cache.eval_codec = std::move(codec);
   o.kv_cache.layout = layout;
   o.kv_cache.group_size = group_size;
   o.kv_cache.max_sequences = 1;

@@ -20,6 +20,7 @@ namespace kvstrata::calibration {
 absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
     std::shared_ptr<const model::LoadedModel> model, engine::KvCacheFormat format,
     const kernels::SplitLayout& layout, int group_size, const std::string& rotations_path,
-    int64_t max_tokens, int chunk, int cpu_threads = 0);
+    int64_t max_tokens, int chunk, int cpu_threads = 0,
+    std::shared_ptr<const kernels::HistoryCodec> codec = nullptr);
 
 }  // namespace kvstrata::calibration

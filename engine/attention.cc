@@ -28,6 +28,7 @@ BlockFormat HistoryFormat(KvCacheFormat format) {
     case KvCacheFormat::kEvalInt4:
     case KvCacheFormat::kEvalKivi2:
     case KvCacheFormat::kEvalTurbo3:
+    case KvCacheFormat::kEvalCodec:
       return BlockFormat::kF32;  // the evaluation formats keep fp32 reconstructions
   }
   return BlockFormat::kF32;

@@ -35,7 +35,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr KvCacheFormat kAllFormats[] = {KvCacheFormat::kBf16,         KvCacheFormat::kInt2,
                                          KvCacheFormat::kInt2LloydMax, KvCacheFormat::kEvalFp8,
                                          KvCacheFormat::kEvalInt4,     KvCacheFormat::kEvalKivi2,
-                                         KvCacheFormat::kEvalTurbo3};
+                                         KvCacheFormat::kEvalTurbo3,   KvCacheFormat::kEvalCodec};
 
 // The seed of turbo3's random rotation for one (layer, K|V, head): fixed, so a page's stored
 // values depend on its tokens only.
@@ -55,6 +55,7 @@ bool IsEvaluationFormat(KvCacheFormat format) {
     case KvCacheFormat::kEvalInt4:
     case KvCacheFormat::kEvalKivi2:
     case KvCacheFormat::kEvalTurbo3:
+    case KvCacheFormat::kEvalCodec:
       return true;
   }
   return false;
@@ -69,7 +70,8 @@ int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g) {
 }
 
 void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const float* rows,
-                        int layer, int kind, int head, float clip_ratio, uint8_t* block) {
+                        int layer, int kind, int head, float clip_ratio, uint8_t* block,
+                        const kernels::HistoryCodec* codec) {
   const int d = g.head_dim, n = g.page_tokens;
   float* out = reinterpret_cast<float*>(block);
   switch (format) {
@@ -101,6 +103,10 @@ void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
     case KvCacheFormat::kEvalTurbo3:
       kernels::FakeQuantTurbo3(rows, n, d, Turbo3Seed(layer, kind, head), out);
       return;
+    case KvCacheFormat::kEvalCodec:
+      kernels::FakeQuantSide(rows, n, d, g.group_size, codec->Side(layer, kind), clip_ratio,
+                             Turbo3Seed(layer, kind, head), out);
+      return;
   }
 }
 
@@ -121,12 +127,14 @@ void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
     case KvCacheFormat::kEvalInt4:
     case KvCacheFormat::kEvalKivi2:
     case KvCacheFormat::kEvalTurbo3:
+    case KvCacheFormat::kEvalCodec:
       std::memcpy(rows, block, static_cast<size_t>(num_tokens) * g.head_dim * sizeof(float));
       return;
   }
 }
 
-double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g) {
+double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g,
+                             const kernels::HistoryCodec* codec) {
   const int d = g.head_dim, group = g.group_size > 0 ? g.group_size : g.head_dim;
   switch (format) {
     case KvCacheFormat::kBf16:
@@ -143,12 +151,15 @@ double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g)
       return 2.0 + 0.5 * (32.0 / g.page_tokens + 32.0 / group);
     case KvCacheFormat::kEvalTurbo3:
       return kernels::Turbo3BitsPerElement(d);
+    case KvCacheFormat::kEvalCodec:
+      return codec == nullptr ? 0.0 : kernels::HistoryCodecBits(*codec, g.num_layers, d, group);
   }
   return 0.0;
 }
 
 double SequenceBitsPerElement(KvCacheFormat format, const kernels::SplitLayout& layout,
-                              const kernels::KvGeometry& g, int64_t n) {
+                              const kernels::KvGeometry& g, int64_t n,
+                              const kernels::HistoryCodec* codec) {
   if (n <= 0) return 0.0;
   kernels::SplitSegments s;
   if (format == KvCacheFormat::kBf16) {
@@ -157,10 +168,10 @@ double SequenceBitsPerElement(KvCacheFormat format, const kernels::SplitLayout& 
     s = kernels::SegmentsAt(layout, n);
   }
   const double elements_per_token = static_cast<double>(kernels::NumBlocks(g)) * g.head_dim;
-  const double bits =
-      elements_per_token * (static_cast<double>(s.sink + s.recent) * 16.0 +
-                            static_cast<double>(s.history) * HistoryBitsPerElement(format, g)) +
-      8.0 * kernels::kPageHeaderBytes * CeilDiv(n, layout.page_tokens);
+  const double bits = elements_per_token * (static_cast<double>(s.sink + s.recent) * 16.0 +
+                                            static_cast<double>(s.history) *
+                                                HistoryBitsPerElement(format, g, codec)) +
+                      8.0 * kernels::kPageHeaderBytes * CeilDiv(n, layout.page_tokens);
   return bits / (elements_per_token * static_cast<double>(n));
 }
 
@@ -180,6 +191,8 @@ const char* KvCacheFormatName(KvCacheFormat format) {
       return "eval-kivi2";
     case KvCacheFormat::kEvalTurbo3:
       return "eval-turbo3";
+    case KvCacheFormat::kEvalCodec:
+      return "eval-codec";
   }
   return "unknown";
 }
@@ -188,9 +201,9 @@ absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name, bool a
   for (KvCacheFormat f : kAllFormats) {
     if (name == KvCacheFormatName(f) && (allow_evaluation || !IsEvaluationFormat(f))) return f;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max",
-                   allow_evaluation ? ", eval-fp8, eval-int4, eval-kivi2, eval-turbo3" : "", ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max",
+      allow_evaluation ? ", eval-fp8, eval-int4, eval-kivi2, eval-turbo3, eval-codec" : "", ")"));
 }
 
 std::unique_ptr<PageMemory> AllocateHostPageMemory(int64_t bytes) {
@@ -252,6 +265,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
   }
   if (o.layout.recent_tokens < 1) {
     return absl::InvalidArgumentError("recent_tokens must be at least 1");
+  }
+  if (o.format == KvCacheFormat::kEvalCodec && o.eval_codec == nullptr) {
+    return absl::InvalidArgumentError("eval-codec needs KvCacheOptions::eval_codec");
   }
   if (o.max_sequences < 1 || o.max_chunk_tokens < 1) {
     return absl::InvalidArgumentError("max_sequences and max_chunk_tokens must be positive");
@@ -484,7 +500,7 @@ uint8_t* KvCache::HistoryBlock(const SequenceKv& seq, int64_t page, int layer, i
 void KvCache::EncodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
                             const float* rows, float clip_ratio) {
   EncodeHistoryBlock(options_.format, geometry_, rows, layer, kind, head, clip_ratio,
-                     HistoryBlock(seq, page, layer, kind, head));
+                     HistoryBlock(seq, page, layer, kind, head), options_.eval_codec.get());
 }
 
 void KvCache::DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
@@ -766,12 +782,12 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
                   static_cast<int>(P), geometry_, rows.data());
               const size_t c = static_cast<size_t>(layer) * geometry_.num_kv_heads + h;
               const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + h;
-              EncodeHistoryBlock(options_.format, geometry_, rows.data(), layer, kind, h,
-                                 kind == 0 ? options_.demotion_key_clip[c]
-                                           : options_.demotion_value_clip[c],
-                                 reinterpret_cast<uint8_t*>(page.data()) +
-                                     kernels::kPageHeaderBytes +
-                                     b * HistoryBlockBytes(options_.format, geometry_));
+              EncodeHistoryBlock(
+                  options_.format, geometry_, rows.data(), layer, kind, h,
+                  kind == 0 ? options_.demotion_key_clip[c] : options_.demotion_value_clip[c],
+                  reinterpret_cast<uint8_t*>(page.data()) + kernels::kPageHeaderBytes +
+                      b * HistoryBlockBytes(options_.format, geometry_),
+                  options_.eval_codec.get());
             }
           }
         }

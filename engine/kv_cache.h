@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "core/radix_hash.h"
 #include "kernels/bits.h"
+#include "kernels/history_codec.h"
 #include "kernels/kv_layout.h"
 
 namespace kvstrata::engine {
@@ -38,6 +39,7 @@ enum class KvCacheFormat {
   kEvalInt4,    // INT4 per token, fp16 scale and offset per group of group_size channels
   kEvalKivi2,   // KIVI-2: K per channel over the page's 64 tokens, V per token per group
   kEvalTurbo3,  // TurboQuant-like 3-bit: random-sign Hadamard + 8-level Lloyd-Max
+  kEvalCodec,   // a candidate history codec (kernels/history_codec.h), KvCacheOptions::eval_codec
 };
 
 const char* KvCacheFormatName(KvCacheFormat format);
@@ -52,21 +54,25 @@ bool IsEvaluationFormat(KvCacheFormat format);
 // (kernels/quant.h); evaluation formats write the fp32 reconstruction [64][head_dim]. `block`
 // has HistoryBlockBytes bytes. Decode writes rows [num_tokens][head_dim] in rotated space.
 int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g);
+// `codec` is the recipe of kEvalCodec (ignored by the other formats).
 void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const float* rows,
-                        int layer, int kind, int head, float clip_ratio, uint8_t* block);
+                        int layer, int kind, int head, float clip_ratio, uint8_t* block,
+                        const kernels::HistoryCodec* codec = nullptr);
 void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const uint8_t* block,
                         int num_tokens, int kind, float* rows);
 
 // Honest storage cost, in bits per element, of one history token of `format` (its codes and
 // every scale, offset or norm; K and V averaged): 2 + 32/G for INT2, 8 + 16/d for FP8,
 // 4 + 32/G for INT4, 2 + (32/64 + 32/G)/2 for KIVI-2 with 64-token key groups, 3 + 16/d for
-// turbo3; 16 for BF16 (which has no history).
-double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g);
+// turbo3; 16 for BF16 (which has no history); kernels::HistoryCodecBits for kEvalCodec.
+double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g,
+                             const kernels::HistoryCodec* codec = nullptr);
 // Bits per element of a sequence of n tokens: BF16 sink and recent tokens, history tokens at
 // HistoryBitsPerElement, plus one 64-byte page header per page (ceil(n / 64)). For the INT2
 // formats this is kernels::SplitBitsPerElement; for BF16 every token is BF16.
 double SequenceBitsPerElement(KvCacheFormat format, const kernels::SplitLayout& layout,
-                              const kernels::KvGeometry& g, int64_t n);
+                              const kernels::KvGeometry& g, int64_t n,
+                              const kernels::HistoryCodec* codec = nullptr);
 
 // Page memory behind a seam: host memory here, device memory for the CUDA backend
 // (engine/cuda/device_page_memory.h). Both pools of a cache are carved from one PageMemory.
@@ -131,6 +137,8 @@ struct KvCacheOptions {
   // without them (empty) such a prefix is refused.
   std::vector<float> demotion_key_clip;
   std::vector<float> demotion_value_clip;
+  // kEvalCodec only: the codec's recipe (required).
+  std::shared_ptr<const kernels::HistoryCodec> eval_codec;
   // The page memory; empty: host memory (what the CPU backend needs).
   PageMemoryAllocator allocate_page_memory;
 };

@@ -2,7 +2,7 @@
 # Reproduces docs/fidelity.md: fetches the model and the text, fits the rotation files (the
 # committed default under rotations/ and the ablations under the cache folder), evaluates every
 # KV format at 1K-8K context, and plots the result. About 15 min of calibration and 30-40 min of
-# evaluation on 2 CPU cores.
+# evaluation on 2 CPU cores, plus about 1 h for round 2 (docs/fidelity.md).
 #   scripts/run-fidelity.sh [OUT_DIR]      (default: docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,3 +36,27 @@ scripts/plot-fidelity.sh "$out/fidelity.json" "$out/fidelity-kld.png"
 "$kv" calibrate --group-size 32 --out "$r/SmolLM2-135M-Instruct.g32.safetensors"
 "$kv" eval --group-size 32 --formats "oscar-g32=$r/SmolLM2-135M-Instruct.g32.safetensors" \
   --contexts 1024,2048,4096,8192 --windows 4,2,1,1 --json "$out/fidelity-g32.json"
+
+# Round 2 (issue 19): candidate history codecs as evaluation formats (kernels/history_codec.h),
+# on the committed rotation file. Exploration at 1K/2K (each file's formats are listed in the
+# matching .formats file), then the confirmation at 1K-8K with enough windows for a bootstrap
+# interval; scripts/fidelity_ci.py prints the tables of docs/fidelity.md, "Round 2".
+rot=rotations/SmolLM2-135M-Instruct.safetensors
+mkdir -p "$out/fidelity2"
+for step in explore1 explore2 explore3 explore4; do
+  "$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/$step.formats)" \
+    --contexts 1024,2048 --windows 4,2 --json "$out/fidelity2/$step.json" \
+    > "$out/fidelity2/$step.txt"
+done
+# Confirmation at 4K and 8K (1K/2K: the exploration's windows), turbo3 against P2.
+"$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/confirm.formats)" \
+  --contexts 4096 --windows 3 --json "$out/fidelity2/confirm-4k.json" > "$out/fidelity2/confirm-4k.txt"
+"$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/confirm.formats)" \
+  --contexts 8192 --windows 2 --json "$out/fidelity2/confirm-8k.json" > "$out/fidelity2/confirm-8k.txt"
+for s in split vboost; do
+  "$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/$s.formats)" \
+    --contexts 8192 --windows 2 --json "$out/fidelity2/$s-8k.json" > "$out/fidelity2/$s-8k.txt"
+done
+python3 scripts/fidelity_ci.py "$out"/fidelity2/explore[1-4].json > "$out/fidelity2/explore.md"
+python3 scripts/fidelity_ci.py --vs turbo3 --only turbo3,oscar,P2 "$out"/fidelity2/explore1.json "$out"/fidelity2/explore4.json \
+  "$out"/fidelity2/confirm-[48]k.json > "$out/fidelity2/confirm.md"

@@ -240,6 +240,7 @@ v1::KvQuantization Quantization(engine::KvCacheFormat format) {
     case engine::KvCacheFormat::kEvalInt4:
     case engine::KvCacheFormat::kEvalKivi2:
     case engine::KvCacheFormat::kEvalTurbo3:
+    case engine::KvCacheFormat::kEvalCodec:
       return v1::KV_QUANTIZATION_UNSPECIFIED;
   }
   return v1::KV_QUANTIZATION_UNSPECIFIED;

@@ -110,6 +110,47 @@ struct Fixture {
   }
 };
 
+TEST(Fidelity, CodecWithTheServedQuantiserMatchesTheInt2Format) {
+  // The eval-codec plumbing (recipes per side, the rotation file's rows and clips, the bits)
+  // against the served format it must reproduce: "int2|int2" on the OSCAR file is oscar, with
+  // fp32 history blocks instead of INT2 ones. A cheaper codec must score differently.
+  Fixture fx;
+  ASSERT_NO_FATAL_FAILURE(fx.Calibrate());
+  EvalRotationFiles files;
+  files.per_head = fx.oscar_path;
+  std::vector<EvalFormat> formats;
+  for (const std::string name : {std::string("oscar"), "same=codec:int2|int2@" + fx.oscar_path,
+                                 "norm=codec:2x64|bf16@" + fx.oscar_path}) {
+    absl::StatusOr<EvalFormat> f = ResolveEvalFormat(name, files);
+    ASSERT_TRUE(f.ok()) << f.status();
+    formats.push_back(*f);
+  }
+  EXPECT_EQ(formats[1].format, engine::KvCacheFormat::kEvalCodec);
+  EXPECT_EQ(formats[1].codec, "int2|int2");
+  EvalOptions o;
+  o.contexts = {768};
+  o.windows = {1};
+  absl::StatusOr<EvalReport> report = Evaluate(fx.model, {Document("eval", 768, 21)}, formats, o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  const EvalResult& oscar = report->results[0];
+  const EvalResult& same = report->results[1];
+  const EvalResult& norm = report->results[2];
+  ASSERT_GT(oscar.kl_mean, 0.0);
+  EXPECT_NEAR(same.kl_mean, oscar.kl_mean, 1e-3 * oscar.kl_mean);
+  EXPECT_NEAR(same.score_kl, oscar.score_kl, 1e-3 * oscar.score_kl);
+  EXPECT_DOUBLE_EQ(same.history_bits_per_element, 2.5);
+  EXPECT_DOUBLE_EQ(same.bits_per_element, oscar.bits_per_element);
+  EXPECT_DOUBLE_EQ(norm.history_bits_per_element, (2.25 + 16) / 2);
+  EXPECT_GT(std::fabs(norm.kl_mean - oscar.kl_mean), 1e-2 * oscar.kl_mean);
+  ASSERT_EQ(same.window_kl.size(), 1u);
+  EXPECT_DOUBLE_EQ(same.window_kl[0], same.kl_mean);
+
+  absl::StatusOr<EvalFormat> bad = ResolveEvalFormat("bad=codec:2x64@" + fx.oscar_path, files);
+  ASSERT_TRUE(bad.ok());  // parsed once the head_dim is known
+  absl::StatusOr<EvalReport> refused = Evaluate(fx.model, {Document("eval", 768, 21)}, {*bad}, o);
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("K_RECIPE|V_RECIPE"));
+}
+
 TEST(Fidelity, CalibratedRotationsBeatHadamardOnAttentionError) {
   Fixture fx;
   ASSERT_NO_FATAL_FAILURE(fx.Calibrate());

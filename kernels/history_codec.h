@@ -1,0 +1,93 @@
+#pragma once
+
+// Evaluation history codecs: candidate history formats for the fidelity study
+// (docs/fidelity.md, "Round 2"), as quantise-then-dequantise references over the rows of one
+// page of one KV head, in the rotation file's rotated space. Each side (K or V) of a layer has
+// its own recipe, and every recipe has an honest storage cost (codes plus every scale), so a
+// codec can be compared at equal bits before anything is made a serving format. Not served.
+//
+// A recipe is one of
+//   bf16        the BF16 row unchanged (16 bits: "quantise the other side only")
+//   int2        the served INT2 quantiser (fp16 scale + offset per group, the file's clip)
+//   int2lm      the served Lloyd-Max INT2 quantiser (its clips are the file's)
+//   turbo3      the TurboQuant-like 3-bit baseline (kernels/baselines.h) on the rotated row
+//   regions     the row split into consecutive regions of `channels` coordinates, each with
+//               `bits` bits per coordinate (1..4; 0 drops the region: no codes, no scale, read
+//               back as zero) on the Gaussian Lloyd-Max levels of its own
+//               scale (the RMS of the region, or its least-squares refit), stored as fp16 (16
+//               bits) or as an 8-bit log2 code (steps of 2^(1/8)). Optionally in the
+//               eigenbasis: the row is first taken back from R = U·H·P to U's basis and then
+//               Hadamard-mixed within each region (blocks of the largest power of two that
+//               divides the region's size), so the first regions hold the directions
+//               with the largest attention-aware eigenvalues (keys-heavy allocation).
+//
+// Spec strings (no commas: they sit in the --formats list):
+//   side   := "bf16" | "int2" | "int2lm" | "turbo3" | region ("+" region)* (":" option)*
+//   region := BITS "x" CHANNELS            e.g. 3x32+2x32
+//   option := "s8" (8-bit log scales) | "eig" (eigenbasis) | "ls" (least-squares scale)
+//             | "np" (norm-preserving scale: the region's reconstruction keeps its norm)
+//             | "pr" (page ratios: one scale per row, the row's RMS, and per region one 8-bit
+//               log2 ratio per page of 64 tokens, the region's RMS over the row's over the
+//               page: region scale = row scale · ratio. Replaces the per-region scales; np and
+//               ls do not apply)
+//             | "a" FLOAT (level multiplier: the levels are a·scale·L[i])
+//   codec  := side "|" side                K recipe | V recipe, every layer
+//             ( ";" LAYERS "=" side "|" side )*   overrides, LAYERS = N("." N)*, e.g. 0.1.29
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvstrata::kernels {
+
+struct CodecRegion {
+  int bits = 2;  // 0..4
+  int channels = 64;
+};
+
+struct SideRecipe {
+  enum class Kind { kBf16, kInt2, kInt2LloydMax, kTurbo3, kRegions };
+  Kind kind = Kind::kRegions;
+  std::vector<CodecRegion> regions;  // kRegions: channels sum to head_dim
+  int scale_bits = 16;               // 16: fp16; 8: log2 code
+  bool eigenbasis = false;
+  bool least_squares_scale = false;
+  bool norm_preserving = false;
+  bool page_ratios = false;
+  float level_multiplier = 1.0f;
+};
+
+struct LayerRecipe {
+  SideRecipe side[2];  // K, V
+};
+
+struct HistoryCodec {
+  LayerRecipe all;
+  std::vector<std::pair<std::vector<int>, LayerRecipe>> overrides;  // later entries win
+
+  const SideRecipe& Side(int layer, int kind) const;
+};
+
+// Parses a codec spec (above) for rows of head_dim; false with *error set on a bad spec.
+bool ParseHistoryCodec(const std::string& spec, int head_dim, HistoryCodec* codec,
+                       std::string* error);
+
+// Bits per element of one history row of a recipe (codes and every scale).
+double SideRecipeBits(const SideRecipe& r, int head_dim, int group_size);
+// Averaged over K and V and over `num_layers` layers.
+double HistoryCodecBits(const HistoryCodec& c, int num_layers, int head_dim, int group_size);
+
+// The 2^bits Gaussian Lloyd-Max centroids (unit variance), ascending; bits 1..4.
+const float* GaussianLloydMaxCentroids(int bits);
+
+// Quantises and reconstructs rows x [n][d] (rotated space) with recipe r, into y [n][d].
+// clip_ratio is used by the int2 recipes, seed by turbo3. x and y may not alias.
+void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideRecipe& r,
+                   float clip_ratio, uint64_t seed, float* y);
+
+// The 8-bit log2 scale code: 0 for s <= 0 (or below the range), else round(8·log2 s) + 160
+// clamped to 1..255; and back.
+uint8_t LogScaleCode(float s);
+float LogScaleValue(uint8_t code);
+
+}  // namespace kvstrata::kernels
