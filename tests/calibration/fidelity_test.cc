@@ -119,7 +119,7 @@ TEST(Fidelity, CodecWithTheServedQuantiserMatchesTheInt2Format) {
   EvalRotationFiles files;
   files.per_head = fx.oscar_path;
   std::vector<EvalFormat> formats;
-  for (const std::string name : {std::string("oscar"), "same=codec:int2|int2@" + fx.oscar_path,
+  for (const std::string& name : {std::string("oscar"), "same=codec:int2|int2@" + fx.oscar_path,
                                  "norm=codec:2x64|bf16@" + fx.oscar_path}) {
     absl::StatusOr<EvalFormat> f = ResolveEvalFormat(name, files);
     ASSERT_TRUE(f.ok()) << f.status();

@@ -98,10 +98,10 @@ int RunCalibrate() {
         text_dir, calibration::MakeWindows(*docs, window).size(), window, n_cov + n_held)));
   }
   std::fprintf(stderr,
-               "calibrate: %s, %d layers x %d KV heads, head_dim %d; %d documents (%d tokens) "
-               "from %s; %d covariance + %d held-out windows of %d tokens\n",
-               c.name.c_str(), c.num_layers, c.num_kv_heads, c.head_dim, docs->size(), total,
-               text_dir.c_str(), cov.size(), held.size(), window);
+               "calibrate: %s, %d layers x %d KV heads, head_dim %d; %zu documents (%lld tokens) "
+               "from %s; %zu covariance + %zu held-out windows of %d tokens\n",
+               c.name.c_str(), c.num_layers, c.num_kv_heads, c.head_dim, docs->size(),
+               static_cast<long long>(total), text_dir.c_str(), cov.size(), held.size(), window);
 
   options.hadamard_only = absl::GetFlag(FLAGS_hadamard_only);
   options.shared_rotation = absl::GetFlag(FLAGS_shared_rotation);
