@@ -118,7 +118,7 @@ class Runner {
       std::unique_lock<std::mutex> lock(mu_);
       // Woken by every end; a stop (SIGINT) is polled: the flag is set from a signal handler.
       while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] {
-        return in_flight_ == 0 && (!MaySend() || NothingLeftLocked());
+        return in_flight_ == 0 && ending_ == 0 && (!MaySend() || NothingLeftLocked());
       })) {
         if (Stopped()) CancelAllLocked();
       }
@@ -140,7 +140,7 @@ class Runner {
       }
       std::unique_lock<std::mutex> lock(mu_);
       if (Stopped()) CancelAllLocked();
-      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return in_flight_ == 0; })) {
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return in_flight_ == 0 && ending_ == 0; })) {
         if (Stopped()) CancelAllLocked();
       }
     }
@@ -158,13 +158,17 @@ class Runner {
     return r;
   }
 
-  // From a stream's OnDone (a gRPC thread). A session's next turn is prepared under the same
-  // lock that counts this one done, so the run never looks finished in between.
+  // From a stream's OnDone (a gRPC thread); deletes the stream. A session's next turn is
+  // prepared under the same lock that counts this one done, so the run never looks finished in
+  // between. Run() returns (and the runner goes) once no stream is in flight and no reaction is
+  // inside this function: `ending_` counts the reactions still here, and the last thing each
+  // does is to uncount itself and notify, under the lock.
   void Finished(Stream* s, const RequestRecord& r) {
     Stream* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --in_flight_;
+      ++ending_;
       ++done_;
       if (!r.ok()) ++errors_;
       output_tokens_ += r.completion_tokens;
@@ -178,12 +182,15 @@ class Runner {
         next = PrepareLocked(i + 1);
       }
     }
-    cv_.notify_all();
+    delete s;
     if (next) {
       Begin(next);
     } else if (o_.send_at.empty()) {
       TopUp();
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    --ending_;
+    cv_.notify_all();  // under the lock: Run() may destroy the runner as soon as it is released
   }
 
  private:
@@ -282,6 +289,7 @@ class Runner {
   size_t next_session_ = 0;
   std::map<int, std::vector<std::pair<std::string, std::string>>> history_;
   int in_flight_ = 0;
+  int ending_ = 0;  // reactions inside Finished(): the runner must outlive them
   int64_t done_ = 0, errors_ = 0, output_tokens_ = 0;
   bool done_running_ = false;
   std::set<Stream*> live_;  // started or about to start, not yet done
@@ -338,8 +346,7 @@ void Stream::OnDone(const grpc::Status& status) {
     record_->status = CodeName(status.error_code());
     record_->error = status.error_message();
   }
-  runner_->Finished(this, *record_);
-  delete this;
+  runner_->Finished(this, *record_);  // deletes this
 }
 
 }  // namespace
@@ -383,8 +390,9 @@ absl::StatusOr<RunResult> RunLoad(const std::vector<RequestSpec>& requests, cons
   if (o.send_at.empty() && o.concurrency < 1) {
     return absl::InvalidArgumentError("--concurrency must be >= 1 in a closed loop");
   }
-  Runner runner(requests, o);
-  return runner.Run();
+  // On the heap, so a reaction that outlived the run would be a use after free that ASan names.
+  auto runner = std::make_unique<Runner>(requests, o);
+  return runner->Run();
 }
 
 }  // namespace kvstrata::loadtest
