@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <map>
@@ -101,6 +102,7 @@ class Runner {
       if (requests[i].session >= 0 && requests[i].turn == 0) session_starts_.push_back(i);
     }
     sessions_ = !session_starts_.empty();
+    for (const Stage& s : o.stages) stages_end_s_ += s.duration_s;
     for (int c = 0; c < std::max(1, o.channels); ++c) {
       grpc::ChannelArguments args;
       args.SetInt("grpc.channel_id", c);  // distinct arguments: a connection each
@@ -117,10 +119,21 @@ class Runner {
       TopUp();
       std::unique_lock<std::mutex> lock(mu_);
       // Woken by every end; a stop (SIGINT) is polled: the flag is set from a signal handler.
-      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] {
-        return in_flight_ == 0 && ending_ == 0 && (!MaySend() || NothingLeftLocked());
-      })) {
+      // A stage that raises the concurrency is started when it begins.
+      for (;;) {
+        const Clock::time_point wake =
+            std::min(Clock::now() + std::chrono::milliseconds(200), NextStageStart());
+        if (cv_.wait_until(lock, wake, [this] {
+              return in_flight_ == 0 && ending_ == 0 && (!MaySend() || NothingLeftLocked());
+            })) {
+          break;
+        }
         if (Stopped()) CancelAllLocked();
+        if (!o_.stages.empty()) {
+          lock.unlock();
+          TopUp();
+          lock.lock();
+        }
       }
     } else {
       for (size_t i = 0; i < requests_.size(); ++i) {
@@ -198,10 +211,27 @@ class Runner {
   bool NothingLeftLocked() const {
     return sessions_ ? next_session_ >= session_starts_.size() : next_ >= requests_.size();
   }
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   bool MaySend() const {
-    return !Stopped() &&
-           (o_.duration_s <= 0 ||
-            std::chrono::duration<double>(Clock::now() - start_).count() < o_.duration_s);
+    return !Stopped() && (stages_end_s_ <= 0 || Elapsed() < stages_end_s_) &&
+           (o_.duration_s <= 0 || Elapsed() < o_.duration_s);
+  }
+  // Closed loop: the concurrency of the stage we are in.
+  int Concurrency() const {
+    const int stage = StageAt(o_.stages, Elapsed());
+    return stage < 0 ? o_.concurrency
+                     : std::max(1, static_cast<int>(std::lround(o_.stages[stage].value)));
+  }
+  Clock::time_point NextStageStart() const {
+    double at = 0;
+    for (const Stage& s : o_.stages) {
+      at += s.duration_s;
+      if (at > Elapsed()) {
+        return start_ + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(at));
+      }
+    }
+    return Clock::time_point::max();
   }
   // TryCancel never runs a reaction inline: safe under the lock.
   void CancelAllLocked() {
@@ -215,7 +245,7 @@ class Runner {
       Stream* s = nullptr;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (in_flight_ >= o_.concurrency || !MaySend()) return;
+        if (in_flight_ >= Concurrency() || !MaySend()) return;
         if (sessions_) {  // a new session, if one is left
           if (next_session_ >= session_starts_.size()) return;
           s = PrepareLocked(session_starts_[next_session_++]);
@@ -235,6 +265,8 @@ class Runner {
     rec.index = static_cast<int64_t>(i);
     rec.group = requests_[i].group;
     rec.warmup = static_cast<int64_t>(sent_) <= o_.warmup_requests;
+    // Open loop: the stage whose rate scheduled it, even if it leaves a moment late.
+    rec.stage = StageAt(o_.stages, o_.send_at.empty() ? Elapsed() : o_.send_at[i]);
     const RequestSpec& spec = requests_[i];
     auto* s = new Stream(this, &rec,  // deletes itself in OnDone
                          ToProto(spec, spec.session >= 0 ? &history_[spec.session] : nullptr));
@@ -285,6 +317,7 @@ class Runner {
   size_t sent_ = 0;
   std::vector<bool> launched_;
   bool sessions_ = false;
+  double stages_end_s_ = 0;  // sending stops here (0: no stages)
   std::vector<size_t> session_starts_;  // turn 0 of each session
   size_t next_session_ = 0;
   std::map<int, std::vector<std::pair<std::string, std::string>>> history_;

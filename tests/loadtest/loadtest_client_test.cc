@@ -5,7 +5,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <memory>
+#include <thread>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -29,6 +35,7 @@ class FakeWorker final : public v1::Generation::Service {
       std::lock_guard<std::mutex> lock(mu_);
       received_.push_back(*request);
     }
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
     v1::GenerateResponse m;
     const int tokens = static_cast<int>(request->stop().max_tokens());
     for (int i = 0; i < tokens; ++i) {
@@ -51,6 +58,8 @@ class FakeWorker final : public v1::Generation::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(received_, {});
   }
+
+  std::atomic<int> delay_ms{0};  // before the first token of each request
 
  private:
   std::mutex mu_;
@@ -146,6 +155,95 @@ TEST_F(LoadTestClient, RunsOfSingleRequestsEndCleanly) {
     for (const RequestRecord& rec : r->records) ASSERT_TRUE(rec.ok()) << rec.error;
     worker_.Take();
   }
+}
+
+// An agent loop's context grows by the last answer and one tool output a step, in order.
+TEST_F(LoadTestClient, AgentStepsCarryTheWholeContextSoFar) {
+  AgentOptions ao;
+  ao.agents = 2;
+  ao.steps = 4;
+  ao.system_tokens = 30;
+  ao.task_tokens = 5;
+  ao.tool_tokens = 20;
+  ao.max_tokens = 2;
+  absl::StatusOr<std::vector<RequestSpec>> requests = AgentRequests(ao, Text());
+  ASSERT_TRUE(requests.ok()) << requests.status();
+  RunOptions o = Options();
+  o.concurrency = 2;
+  absl::StatusOr<RunResult> r = RunLoad(*requests, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->records.size(), 8u);
+  std::map<std::string, std::vector<v1::GenerateRequest>> by_system_and_task;
+  for (const v1::GenerateRequest& g : worker_.Take()) {
+    by_system_and_task[g.chat().messages(1).content()].push_back(g);  // keyed by the task
+  }
+  ASSERT_EQ(by_system_and_task.size(), 2u);
+  for (auto& [task, steps] : by_system_and_task) {
+    ASSERT_EQ(steps.size(), 4u);
+    std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) {
+      return a.chat().messages_size() < b.chat().messages_size();
+    });
+    for (int k = 0; k < 4; ++k) {
+      const auto& m = steps[k].chat().messages();
+      ASSERT_EQ(m.size(), 2 + 2 * k);  // system, task, then (answer, tool output) per step
+      for (int j = 0; j + 1 < m.size(); ++j) {  // everything the last step sent, unchanged
+        if (k > 0 && j < steps[k - 1].chat().messages_size()) {
+          EXPECT_EQ(m[j].content(), steps[k - 1].chat().messages(j).content());
+        }
+      }
+      if (k > 0) {
+        EXPECT_EQ(m[2 * k].role(), "assistant");
+        EXPECT_EQ(m[2 * k].content(), "w0 w1 ");
+        EXPECT_EQ(m[2 * k + 1].role(), "user");
+        EXPECT_EQ(m[2 * k + 1].content().rfind("Tool output", 0), 0u) << m[2 * k + 1].content();
+      }
+    }
+  }
+}
+
+// The most requests of one stage that were in flight at once (from the records' times).
+int MaxOverlap(const std::vector<RequestRecord>& records, int stage) {
+  std::vector<std::pair<double, int>> events;
+  for (const RequestRecord& r : records) {
+    if (r.stage != stage) continue;
+    events.emplace_back(r.sent_s, 1);
+    events.emplace_back(r.sent_s + r.e2e_ms / 1e3, -1);
+  }
+  std::sort(events.begin(), events.end());  // an end sorts before a start at the same time
+  int now = 0, most = 0;
+  for (const auto& [t, d] : events) most = std::max(most, now += d);
+  return most;
+}
+
+// Closed-loop stages set the concurrency for their time and sending stops after the last.
+TEST_F(LoadTestClient, ClosedLoopStagesSetTheConcurrency) {
+  SharedPrefixOptions sp;
+  sp.groups = 4;
+  sp.prompts_per_group = 100;
+  sp.max_tokens = 1;
+  sp.system_tokens = 20;
+  sp.question_tokens = 5;
+  absl::StatusOr<std::vector<RequestSpec>> requests = SharedPrefixRequests(sp, Text());
+  ASSERT_TRUE(requests.ok());
+  worker_.delay_ms = 20;
+  RunOptions o = Options();
+  o.stages = {{1, 0.5}, {4, 0.5}};
+  absl::StatusOr<RunResult> r = RunLoad(*requests, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  int in_stage[2] = {0, 0};
+  for (const RequestRecord& rec : r->records) {
+    ASSERT_TRUE(rec.stage == 0 || rec.stage == 1) << rec.stage;
+    ++in_stage[rec.stage];
+    EXPECT_LT(rec.sent_s, 1.0 + 0.05);  // nothing sent after the stages (a little slack)
+    if (std::abs(rec.sent_s - 0.5) > 0.02) {  // labelled when prepared, a moment before sent
+      EXPECT_EQ(rec.stage, rec.sent_s < 0.5 ? 0 : 1) << rec.sent_s;
+    }
+  }
+  EXPECT_EQ(MaxOverlap(r->records, 0), 1);
+  EXPECT_GE(MaxOverlap(r->records, 1), 3);
+  EXPECT_LE(MaxOverlap(r->records, 1), 4);
+  EXPECT_GT(in_stage[1], in_stage[0]);  // four at a time send more in the same time
+  EXPECT_LT(r->records.size(), requests->size());
 }
 
 }  // namespace
