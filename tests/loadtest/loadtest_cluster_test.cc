@@ -274,6 +274,18 @@ TEST_F(LoadTestCluster, BadFlagsAreNamed) {
   const ToolRun t = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=trace"});
   EXPECT_EQ(t.exit_code, 2);
   EXPECT_NE(t.output.find("--trace"), std::string::npos) << t.output;
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--stages=2:10,fast"},
+        std::vector<std::string>{"--stages=2:10", "--duration_s=5"},
+        std::vector<std::string>{"--workload=docqa", "--hit_miss=1:0"}}) {
+    std::vector<std::string> args = bad;
+    args.push_back(absl::StrCat("--target=", target_copy_));
+    const ToolRun b = LoadTest(args);
+    EXPECT_EQ(b.exit_code, 2) << b.output;
+    EXPECT_NE(b.output.find(bad[bad.size() - 1].substr(0, bad.back().find('='))),
+              std::string::npos)
+        << b.output;
+  }
 }
 
 }  // namespace
