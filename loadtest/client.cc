@@ -153,7 +153,8 @@ class Runner {
       }
       std::unique_lock<std::mutex> lock(mu_);
       if (Stopped()) CancelAllLocked();
-      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return in_flight_ == 0 && ending_ == 0; })) {
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(200),
+                           [this] { return in_flight_ == 0 && ending_ == 0; })) {
         if (Stopped()) CancelAllLocked();
       }
     }
@@ -227,8 +228,8 @@ class Runner {
     for (const Stage& s : o_.stages) {
       at += s.duration_s;
       if (at > Elapsed()) {
-        return start_ + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(at));
+        return start_ +
+               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at));
       }
     }
     return Clock::time_point::max();
@@ -317,7 +318,7 @@ class Runner {
   size_t sent_ = 0;
   std::vector<bool> launched_;
   bool sessions_ = false;
-  double stages_end_s_ = 0;  // sending stops here (0: no stages)
+  double stages_end_s_ = 0;             // sending stops here (0: no stages)
   std::vector<size_t> session_starts_;  // turn 0 of each session
   size_t next_session_ = 0;
   std::map<int, std::vector<std::pair<std::string, std::string>>> history_;

@@ -5,15 +5,14 @@
 // request.
 // docs/loadtest.md has the workloads, the measures and examples.
 
-#include <sys/resource.h>
-
 #include <dirent.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -31,8 +30,7 @@
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50070",
           "HOST:PORT of a kvstrata router (or of one decode worker)");
-ABSL_FLAG(std::string, workload, "shared-prefix",
-          "shared-prefix, sessions, agent, docqa or trace");
+ABSL_FLAG(std::string, workload, "shared-prefix", "shared-prefix, sessions, agent, docqa or trace");
 // shared-prefix
 ABSL_FLAG(int, groups, 8, "shared-prefix: groups, each with its own system prompt");
 ABSL_FLAG(int, prompts_per_group, 16, "shared-prefix: requests per group");
@@ -205,10 +203,9 @@ int Main() {
     if (path.empty()) path = DefaultTextFile(workload);
     text = ReadText(path);
     if (text.empty()) {
-      return Usage(absl::StrCat("--text_file ", path, ": missing or empty",
-                                absl::GetFlag(FLAGS_text_file).empty()
-                                    ? " (scripts/fetch-text.sh fetches it)"
-                                    : ""));
+      return Usage(absl::StrCat(
+          "--text_file ", path, ": missing or empty",
+          absl::GetFlag(FLAGS_text_file).empty() ? " (scripts/fetch-text.sh fetches it)" : ""));
     }
   }
   if (workload == "agent") {
@@ -350,11 +347,10 @@ int Main() {
     }
     // The stage's own CPU time is not known; the run's share stands for it.
     per_stage.push_back(Summarise(in_stage, slo, 0, 0, std::thread::hardware_concurrency()));
-    stage_labels.push_back(arrivals == "closed"
-                               ? absl::StrCat(stages[i].value, " in flight x ",
-                                              stages[i].duration_s, " s")
-                               : absl::StrCat(stages[i].value, " req/s x ",
-                                              stages[i].duration_s, " s"));
+    stage_labels.push_back(
+        arrivals == "closed"
+            ? absl::StrCat(stages[i].value, " in flight x ", stages[i].duration_s, " s")
+            : absl::StrCat(stages[i].value, " req/s x ", stages[i].duration_s, " s"));
   }
   if (!stages.empty()) std::printf("%s", FormatStages(stage_labels, per_stage).c_str());
   if (g_stop.load()) std::printf("(stopped early: %zu of %zu requests sent)\n", run->records.size(), requests.size());
@@ -399,7 +395,8 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "load for a kvstrata router or worker: shared-prefix chat, sessions, agent loops, "
-      "long-document QA or a Mooncake trace, open or closed loop, in stages or not; prints a summary (TTFT, inter-token, end-to-end latency, throughput, "
+      "long-document QA or a Mooncake trace, open or closed loop, in stages or not; prints a "
+      "summary (TTFT, inter-token, end-to-end latency, throughput, "
       "goodput, errors, cache hit ratio) and writes every request as JSON/CSV. Exit status 3 "
       "when some requests failed. docs/loadtest.md");
   absl::ParseCommandLine(argc, argv);

@@ -109,14 +109,14 @@ nlohmann::json DistJson(const Distribution& d) {
 std::string FormatStages(const std::vector<std::string>& labels, const std::vector<Summary>& s) {
   std::string out = absl::StrFormat(
       "stages:\n  %-5s %-20s %8s %6s %8s %10s %10s %10s %10s %10s %6s\n", "stage", "load",
-      "requests", "ok", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p50",
-      "hit");
+      "requests", "ok", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p50", "hit");
   for (size_t i = 0; i < s.size() && i < labels.size(); ++i) {
-    absl::StrAppend(&out, absl::StrFormat(
-                              "  %-5d %-20s %8d %6d %8.2f %10.1f %10.1f %10.1f %10.1f %10.1f %5.1f%%\n",
-                              i + 1, labels[i], s[i].requests, s[i].ok, s[i].requests_per_s,
-                              s[i].output_tokens_per_s, s[i].ttft_ms.p50, s[i].ttft_ms.p99,
-                              s[i].tpot_ms.p50, s[i].e2e_ms.p50, 100 * s[i].hit_ratio));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("  %-5d %-20s %8d %6d %8.2f %10.1f %10.1f %10.1f %10.1f %10.1f %5.1f%%\n",
+                        i + 1, labels[i], s[i].requests, s[i].ok, s[i].requests_per_s,
+                        s[i].output_tokens_per_s, s[i].ttft_ms.p50, s[i].ttft_ms.p99,
+                        s[i].tpot_ms.p50, s[i].e2e_ms.p50, 100 * s[i].hit_ratio));
   }
   return out;
 }

@@ -211,7 +211,7 @@ std::string NextPiece(std::string_view text, size_t* at, int tokens) {
 }  // namespace
 
 absl::StatusOr<std::vector<RequestSpec>> AgentRequests(const AgentOptions& o,
-                                                      std::string_view text) {
+                                                       std::string_view text) {
   if (o.agents < 1 || o.steps < 1) {
     return absl::InvalidArgumentError("--agents and --steps must be >= 1");
   }
@@ -266,7 +266,7 @@ absl::StatusOr<std::pair<int, int>> ParseHitMiss(std::string_view spec_in) {
 }
 
 absl::StatusOr<std::vector<RequestSpec>> DocQaRequests(const DocQaOptions& o,
-                                                      std::string_view text) {
+                                                       std::string_view text) {
   if (o.documents < 1 || o.document_tokens < 1 || o.question_tokens < 1) {
     return absl::InvalidArgumentError(
         "--documents, --document_tokens and --question_tokens must be >= 1");
@@ -277,10 +277,10 @@ absl::StatusOr<std::vector<RequestSpec>> DocQaRequests(const DocQaOptions& o,
   const std::string prose = OneSpace(text);
   const size_t need = static_cast<size_t>(o.documents) * o.document_tokens * 4 + 4096;
   if (prose.size() < need) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the text holds ", prose.size(), " characters; ", o.documents, " documents of ",
-        o.document_tokens, " tokens need about ", need,
-        " (fewer or shorter documents, or more text: scripts/fetch-text.sh)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the text holds ", prose.size(), " characters; ", o.documents,
+                     " documents of ", o.document_tokens, " tokens need about ", need,
+                     " (fewer or shorter documents, or more text: scripts/fetch-text.sh)"));
   }
   std::mt19937_64 rng(o.seed);
   // The documents from the start of the text on; the questions from the part no document uses.
@@ -292,9 +292,10 @@ absl::StatusOr<std::vector<RequestSpec>> DocQaRequests(const DocQaOptions& o,
   auto add = [&](int d) {
     RequestSpec r;
     r.messages = {{"system", "Answer the question about the document."},
-                  {"user", absl::StrCat("Document:\n", docs[d], "\n\nQuestion: what does it say "
-                                        "about this? ", TextSlice(prose, question_at(rng),
-                                                                  o.question_tokens))}};
+                  {"user", absl::StrCat("Document:\n", docs[d],
+                                        "\n\nQuestion: what does it say "
+                                        "about this? ",
+                                        TextSlice(prose, question_at(rng), o.question_tokens))}};
     r.max_tokens = o.max_tokens;
     r.group = absl::StrCat("d", d);
     out.push_back(std::move(r));

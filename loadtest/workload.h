@@ -27,9 +27,9 @@
 //                  to input_length; output_length becomes max_tokens with ignore_eos.
 //
 // Arrivals: stages (--stages=VALUE:SECONDS,...: open loop, a rate per stage; closed loop, a
-// concurrency per stage), a rate with Poisson or gamma gaps (burstiness = 1 / shape: 1 is Poisson, more is
-// burstier), the trace's own timestamps (divided by --speedup), or a closed loop of --concurrency
-// requests in flight (no arrival times at all).
+// concurrency per stage), a rate with Poisson or gamma gaps (burstiness = 1 / shape: 1 is Poisson,
+// more is burstier), the trace's own timestamps (divided by --speedup), or a closed loop of
+// --concurrency requests in flight (no arrival times at all).
 
 #include <cstdint>
 #include <optional>
@@ -114,8 +114,8 @@ absl::StatusOr<std::vector<RequestSpec>> SessionRequests(const SessionOptions& o
 
 struct AgentOptions {
   int agents = 4;
-  int steps = 6;             // requests per loop: the task, then a tool output per step
-  int system_tokens = 300;   // shared by every agent
+  int steps = 6;            // requests per loop: the task, then a tool output per step
+  int system_tokens = 300;  // shared by every agent
   int task_tokens = 40;
   int tool_tokens = 200;
   uint32_t max_tokens = 32;
@@ -125,13 +125,13 @@ struct AgentOptions {
 // the loop's context so far (earlier steps and the answers as they came back) between the
 // system prompt and the step's own message. InvalidArgument for bad counts or too little text.
 absl::StatusOr<std::vector<RequestSpec>> AgentRequests(const AgentOptions& o,
-                                                      std::string_view text);
+                                                       std::string_view text);
 
 struct DocQaOptions {
   int documents = 8;
   int document_tokens = 2000;
   int question_tokens = 30;
-  int hits = 1;    // the pattern: `misses` requests on new documents, then `hits` on sent ones
+  int hits = 1;  // the pattern: `misses` requests on new documents, then `hits` on sent ones
   int misses = 1;
   uint32_t max_tokens = 32;
   uint64_t seed = 1;
@@ -142,7 +142,7 @@ struct DocQaOptions {
 // document: documents + hits x ceil(documents / misses) in all. InvalidArgument when the text
 // is too short for the documents asked.
 absl::StatusOr<std::vector<RequestSpec>> DocQaRequests(const DocQaOptions& o,
-                                                      std::string_view text);
+                                                       std::string_view text);
 // "H:M" (integers, H >= 0, M >= 1) as {H, M}.
 absl::StatusOr<std::pair<int, int>> ParseHitMiss(std::string_view spec);
 

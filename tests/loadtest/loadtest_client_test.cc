@@ -9,11 +9,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <memory>
-#include <thread>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -185,7 +185,7 @@ TEST_F(LoadTestClient, AgentStepsCarryTheWholeContextSoFar) {
     });
     for (int k = 0; k < 4; ++k) {
       const auto& m = steps[k].chat().messages();
-      ASSERT_EQ(m.size(), 2 + 2 * k);  // system, task, then (answer, tool output) per step
+      ASSERT_EQ(m.size(), 2 + 2 * k);           // system, task, then (answer, tool output) per step
       for (int j = 0; j + 1 < m.size(); ++j) {  // everything the last step sent, unchanged
         if (k > 0 && j < steps[k - 1].chat().messages_size()) {
           EXPECT_EQ(m[j].content(), steps[k - 1].chat().messages(j).content());
@@ -234,7 +234,7 @@ TEST_F(LoadTestClient, ClosedLoopStagesSetTheConcurrency) {
   for (const RequestRecord& rec : r->records) {
     ASSERT_TRUE(rec.stage == 0 || rec.stage == 1) << rec.stage;
     ++in_stage[rec.stage];
-    EXPECT_LT(rec.sent_s, 1.0 + 0.05);  // nothing sent after the stages (a little slack)
+    EXPECT_LT(rec.sent_s, 1.0 + 0.05);        // nothing sent after the stages (a little slack)
     if (std::abs(rec.sent_s - 0.5) > 0.02) {  // labelled when prepared, a moment before sent
       EXPECT_EQ(rec.stage, rec.sent_s < 0.5 ? 0 : 1) << rec.sent_s;
     }

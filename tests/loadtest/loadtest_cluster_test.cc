@@ -230,17 +230,17 @@ TEST_F(LoadTestCluster, AgentStepsGrowTheContextAndReuseIt) {
   // load bound that docs/loadtest.md shows.)
   EXPECT_GE(q[3]["cached_local_tokens"].get<int>() + q[3]["cached_kvstore_tokens"].get<int>(), 64)
       << q[3].dump();
-  EXPECT_EQ(LoadTest({absl::StrCat("--target=", target_copy_), "--workload=agent",
-                      "--arrivals=poisson"})
-                .exit_code,
-            2);
+  EXPECT_EQ(
+      LoadTest({absl::StrCat("--target=", target_copy_), "--workload=agent", "--arrivals=poisson"})
+          .exit_code,
+      2);
 }
 
 TEST_F(LoadTestCluster, DocumentQaHitsServeTheDocumentFromTheCache) {
-  const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=docqa",
-                              "--documents=3", "--document_tokens=400", "--hit_miss=1:1",
-                              "--question_tokens=20", "--max_tokens=4", "--concurrency=1",
-                              "--text_file=/usr/share/common-licenses/GPL-3"});
+  const ToolRun r =
+      LoadTest({absl::StrCat("--target=", target_copy_), "--workload=docqa", "--documents=3",
+                "--document_tokens=400", "--hit_miss=1:1", "--question_tokens=20", "--max_tokens=4",
+                "--concurrency=1", "--text_file=/usr/share/common-licenses/GPL-3"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(r.report.is_object()) << r.output;
   const auto& q = r.report["requests"];
@@ -250,7 +250,8 @@ TEST_F(LoadTestCluster, DocumentQaHitsServeTheDocumentFromTheCache) {
   for (size_t i = 0; i < q.size(); ++i) {
     const std::string doc = q[i]["group"];
     const int tokens = q[i]["prompt_tokens"].get<int>();
-    const int hit = q[i]["cached_local_tokens"].get<int>() + q[i]["cached_kvstore_tokens"].get<int>();
+    const int hit =
+        q[i]["cached_local_tokens"].get<int>() + q[i]["cached_kvstore_tokens"].get<int>();
     prompt += tokens;
     cached += hit;
     if (i % 2 == 0) {  // a document not sent before: nothing of it can be cached
@@ -263,8 +264,8 @@ TEST_F(LoadTestCluster, DocumentQaHitsServeTheDocumentFromTheCache) {
       EXPECT_GT(hit, 300) << q[i].dump();
     }
   }
-  EXPECT_NEAR(r.report["summary"]["hit_ratio"].get<double>(),
-              static_cast<double>(cached) / prompt, 1e-9);
+  EXPECT_NEAR(r.report["summary"]["hit_ratio"].get<double>(), static_cast<double>(cached) / prompt,
+              1e-9);
 }
 
 TEST_F(LoadTestCluster, BadFlagsAreNamed) {
@@ -282,8 +283,7 @@ TEST_F(LoadTestCluster, BadFlagsAreNamed) {
     args.push_back(absl::StrCat("--target=", target_copy_));
     const ToolRun b = LoadTest(args);
     EXPECT_EQ(b.exit_code, 2) << b.output;
-    EXPECT_NE(b.output.find(bad[bad.size() - 1].substr(0, bad.back().find('='))),
-              std::string::npos)
+    EXPECT_NE(b.output.find(bad[bad.size() - 1].substr(0, bad.back().find('='))), std::string::npos)
         << b.output;
   }
 }

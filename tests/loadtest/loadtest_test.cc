@@ -9,9 +9,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -192,8 +192,10 @@ TEST(AgentTest, LoopsShareTheSystemPromptAndReadTheirDocumentOnward) {
   std::string prose;
   for (char c : text) {
     const bool space = std::isspace(static_cast<unsigned char>(c));
-    if (!space) prose.push_back(c);
-    else if (!prose.empty() && prose.back() != ' ') prose.push_back(' ');
+    if (!space)
+      prose.push_back(c);
+    else if (!prose.empty() && prose.back() != ' ')
+      prose.push_back(' ');
   }
   for (size_t i = 0; i < r->size(); ++i) {
     const RequestSpec& s = (*r)[i];
@@ -230,7 +232,7 @@ TEST(DocQaTest, TheHitMissPatternOrdersNewAndSentDocuments) {
   o.misses = 1;
   absl::StatusOr<std::vector<RequestSpec>> r = DocQaRequests(o, text);
   ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(r->size(), 15u);  // 5 documents + 2 hits after each
+  ASSERT_EQ(r->size(), 15u);                  // 5 documents + 2 hits after each
   std::map<std::string, std::string> doc_of;  // group -> its document text
   std::set<std::string> questions;
   for (size_t i = 0; i < r->size(); ++i) {
@@ -272,7 +274,8 @@ TEST(DocQaTest, TheHitMissPatternOrdersNewAndSentDocuments) {
   ASSERT_TRUE(hm.ok());
   EXPECT_EQ(*hm, std::make_pair(3, 1));
   EXPECT_TRUE(ParseHitMiss("0:1").ok());
-  for (const char* bad : {"3", "1:0", "a:b", "-1:2", ""}) EXPECT_FALSE(ParseHitMiss(bad).ok()) << bad;
+  for (const char* bad : {"3", "1:0", "a:b", "-1:2", ""})
+    EXPECT_FALSE(ParseHitMiss(bad).ok()) << bad;
 }
 
 TEST(StagesTest, ParsedAndLabelledAndSentAtEachStagesRate) {
@@ -297,7 +300,7 @@ TEST(StagesTest, ParsedAndLabelledAndSentAtEachStagesRate) {
     ASSERT_LT(t, 300);
     (t < 200 ? first : second)++;
   }
-  EXPECT_NEAR(first, 2000, 150);  // 10/s for 200 s
+  EXPECT_NEAR(first, 2000, 150);   // 10/s for 200 s
   EXPECT_NEAR(second, 4000, 250);  // 40/s for 100 s
   EXPECT_TRUE(std::is_sorted(at.begin(), at.end()));
   EXPECT_EQ(StagedArrivals(100, *st, 1.0, 3).size(), 100u);  // at most n
