@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <map>
@@ -101,6 +102,7 @@ class Runner {
       if (requests[i].session >= 0 && requests[i].turn == 0) session_starts_.push_back(i);
     }
     sessions_ = !session_starts_.empty();
+    for (const Stage& s : o.stages) stages_end_s_ += s.duration_s;
     for (int c = 0; c < std::max(1, o.channels); ++c) {
       grpc::ChannelArguments args;
       args.SetInt("grpc.channel_id", c);  // distinct arguments: a connection each
@@ -117,10 +119,21 @@ class Runner {
       TopUp();
       std::unique_lock<std::mutex> lock(mu_);
       // Woken by every end; a stop (SIGINT) is polled: the flag is set from a signal handler.
-      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] {
-        return in_flight_ == 0 && (!MaySend() || NothingLeftLocked());
-      })) {
+      // A stage that raises the concurrency is started when it begins.
+      for (;;) {
+        const Clock::time_point wake =
+            std::min(Clock::now() + std::chrono::milliseconds(200), NextStageStart());
+        if (cv_.wait_until(lock, wake, [this] {
+              return in_flight_ == 0 && ending_ == 0 && (!MaySend() || NothingLeftLocked());
+            })) {
+          break;
+        }
         if (Stopped()) CancelAllLocked();
+        if (!o_.stages.empty()) {
+          lock.unlock();
+          TopUp();
+          lock.lock();
+        }
       }
     } else {
       for (size_t i = 0; i < requests_.size(); ++i) {
@@ -140,7 +153,8 @@ class Runner {
       }
       std::unique_lock<std::mutex> lock(mu_);
       if (Stopped()) CancelAllLocked();
-      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [this] { return in_flight_ == 0; })) {
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(200),
+                           [this] { return in_flight_ == 0 && ending_ == 0; })) {
         if (Stopped()) CancelAllLocked();
       }
     }
@@ -158,13 +172,17 @@ class Runner {
     return r;
   }
 
-  // From a stream's OnDone (a gRPC thread). A session's next turn is prepared under the same
-  // lock that counts this one done, so the run never looks finished in between.
+  // From a stream's OnDone (a gRPC thread); deletes the stream. A session's next turn is
+  // prepared under the same lock that counts this one done, so the run never looks finished in
+  // between. Run() returns (and the runner goes) once no stream is in flight and no reaction is
+  // inside this function: `ending_` counts the reactions still here, and the last thing each
+  // does is to uncount itself and notify, under the lock.
   void Finished(Stream* s, const RequestRecord& r) {
     Stream* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --in_flight_;
+      ++ending_;
       ++done_;
       if (!r.ok()) ++errors_;
       output_tokens_ += r.completion_tokens;
@@ -178,12 +196,15 @@ class Runner {
         next = PrepareLocked(i + 1);
       }
     }
-    cv_.notify_all();
+    delete s;
     if (next) {
       Begin(next);
     } else if (o_.send_at.empty()) {
       TopUp();
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    --ending_;
+    cv_.notify_all();  // under the lock: Run() may destroy the runner as soon as it is released
   }
 
  private:
@@ -191,10 +212,27 @@ class Runner {
   bool NothingLeftLocked() const {
     return sessions_ ? next_session_ >= session_starts_.size() : next_ >= requests_.size();
   }
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   bool MaySend() const {
-    return !Stopped() &&
-           (o_.duration_s <= 0 ||
-            std::chrono::duration<double>(Clock::now() - start_).count() < o_.duration_s);
+    return !Stopped() && (stages_end_s_ <= 0 || Elapsed() < stages_end_s_) &&
+           (o_.duration_s <= 0 || Elapsed() < o_.duration_s);
+  }
+  // Closed loop: the concurrency of the stage we are in.
+  int Concurrency() const {
+    const int stage = StageAt(o_.stages, Elapsed());
+    return stage < 0 ? o_.concurrency
+                     : std::max(1, static_cast<int>(std::lround(o_.stages[stage].value)));
+  }
+  Clock::time_point NextStageStart() const {
+    double at = 0;
+    for (const Stage& s : o_.stages) {
+      at += s.duration_s;
+      if (at > Elapsed()) {
+        return start_ +
+               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at));
+      }
+    }
+    return Clock::time_point::max();
   }
   // TryCancel never runs a reaction inline: safe under the lock.
   void CancelAllLocked() {
@@ -208,7 +246,7 @@ class Runner {
       Stream* s = nullptr;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (in_flight_ >= o_.concurrency || !MaySend()) return;
+        if (in_flight_ >= Concurrency() || !MaySend()) return;
         if (sessions_) {  // a new session, if one is left
           if (next_session_ >= session_starts_.size()) return;
           s = PrepareLocked(session_starts_[next_session_++]);
@@ -228,6 +266,8 @@ class Runner {
     rec.index = static_cast<int64_t>(i);
     rec.group = requests_[i].group;
     rec.warmup = static_cast<int64_t>(sent_) <= o_.warmup_requests;
+    // Open loop: the stage whose rate scheduled it, even if it leaves a moment late.
+    rec.stage = StageAt(o_.stages, o_.send_at.empty() ? Elapsed() : o_.send_at[i]);
     const RequestSpec& spec = requests_[i];
     auto* s = new Stream(this, &rec,  // deletes itself in OnDone
                          ToProto(spec, spec.session >= 0 ? &history_[spec.session] : nullptr));
@@ -278,10 +318,12 @@ class Runner {
   size_t sent_ = 0;
   std::vector<bool> launched_;
   bool sessions_ = false;
+  double stages_end_s_ = 0;             // sending stops here (0: no stages)
   std::vector<size_t> session_starts_;  // turn 0 of each session
   size_t next_session_ = 0;
   std::map<int, std::vector<std::pair<std::string, std::string>>> history_;
   int in_flight_ = 0;
+  int ending_ = 0;  // reactions inside Finished(): the runner must outlive them
   int64_t done_ = 0, errors_ = 0, output_tokens_ = 0;
   bool done_running_ = false;
   std::set<Stream*> live_;  // started or about to start, not yet done
@@ -338,8 +380,7 @@ void Stream::OnDone(const grpc::Status& status) {
     record_->status = CodeName(status.error_code());
     record_->error = status.error_message();
   }
-  runner_->Finished(this, *record_);
-  delete this;
+  runner_->Finished(this, *record_);  // deletes this
 }
 
 }  // namespace
@@ -383,8 +424,9 @@ absl::StatusOr<RunResult> RunLoad(const std::vector<RequestSpec>& requests, cons
   if (o.send_at.empty() && o.concurrency < 1) {
     return absl::InvalidArgumentError("--concurrency must be >= 1 in a closed loop");
   }
-  Runner runner(requests, o);
-  return runner.Run();
+  // On the heap, so a reaction that outlived the run would be a use after free that ASan names.
+  auto runner = std::make_unique<Runner>(requests, o);
+  return runner->Run();
 }
 
 }  // namespace kvstrata::loadtest

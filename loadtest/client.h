@@ -33,6 +33,10 @@ struct RunOptions {
   std::vector<double> send_at;
   int concurrency = 8;          // closed loop: requests kept in flight
   double duration_s = 0;        // stop sending after this long (0: send every request)
+  // Stages: in a closed loop each sets the concurrency for its time; in an open loop they only
+  // label the requests (send_at follows their rates). Sending stops at the end of the last;
+  // each record is labelled with the stage it was sent in.
+  std::vector<Stage> stages;
   int64_t warmup_requests = 0;  // the first ones sent are recorded but left out of the summary
   int64_t deadline_ms = 0;      // per request (0: none)
   double progress_interval_s = 2;  // a progress line on stderr this often (0: none)

@@ -7,6 +7,7 @@ writes into OUT_DIR:
   latency.png     CDFs of TTFT, time per output token and end-to-end latency, one line per run
   over_time.png   output tokens/s, completed requests/s and the cache hit ratio per 10 s of the run
   workers.png     requests served per worker, per run
+  stages.png      per stage (runs made with --stages): TTFT p50 and p99, output tokens/s
   compare.md      the runs' summaries side by side (a Markdown table)
 Each run is labelled by its file name. Requests of the warm-up are left out, as in the summary.
 """
@@ -97,6 +98,28 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(out, "workers.png"), dpi=110)
 
+    staged = [run for run in runs if run.get("stages")]
+    if staged:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+        for run in staged:
+            x = range(1, len(run["stages"]) + 1)
+            line = axes[0].plot(x, [st["ttft_ms"]["p50"] for st in run["stages"]], marker="o",
+                                label=f"{run['label']} p50")[0]
+            axes[0].plot(x, [st["ttft_ms"]["p99"] for st in run["stages"]], marker="o",
+                         linestyle="--", color=line.get_color(), label=f"{run['label']} p99")
+            axes[1].plot(x, [st["output_tokens_per_s"] for st in run["stages"]], marker="o",
+                         label=run["label"])
+        labels = [st["label"] for st in staged[0]["stages"]]
+        for ax, (title, unit) in zip(axes, [("time to first token", "ms"),
+                                            ("output tokens per second", "tok/s")]):
+            ax.set_title(f"{title}, per stage")
+            ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
+            ax.set_ylabel(unit)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "stages.png"), dpi=110)
+
     rows = [
         ("requests OK / measured", lambda s: f"{s['ok']} / {s['requests']}"),
         ("requests/s", lambda s: f"{s['requests_per_s']:.2f}"),
@@ -117,7 +140,7 @@ def main():
         for name, fmt in rows:
             f.write(f"| {name} | " + " | ".join(fmt(r["summary"]) for r in runs) + " |\n")
     print(f"plot_report: {len(runs)} run(s) -> {out}/latency.png over_time.png workers.png "
-          "compare.md", file=sys.stderr)
+          + ("stages.png " if staged else "") + "compare.md", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,21 @@ nlohmann::json DistJson(const Distribution& d) {
 
 }  // namespace
 
+std::string FormatStages(const std::vector<std::string>& labels, const std::vector<Summary>& s) {
+  std::string out = absl::StrFormat(
+      "stages:\n  %-5s %-20s %8s %6s %8s %10s %10s %10s %10s %10s %6s\n", "stage", "load",
+      "requests", "ok", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "e2e p50", "hit");
+  for (size_t i = 0; i < s.size() && i < labels.size(); ++i) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("  %-5d %-20s %8d %6d %8.2f %10.1f %10.1f %10.1f %10.1f %10.1f %5.1f%%\n",
+                        i + 1, labels[i], s[i].requests, s[i].ok, s[i].requests_per_s,
+                        s[i].output_tokens_per_s, s[i].ttft_ms.p50, s[i].ttft_ms.p99,
+                        s[i].tpot_ms.p50, s[i].e2e_ms.p50, 100 * s[i].hit_ratio));
+  }
+  return out;
+}
+
 std::string FormatSummary(const Summary& s, const Slo& slo) {
   std::string out = absl::StrFormat(
       "requests: %d measured, %d OK over %.1f s: %.2f req/s, %.1f output tok/s, %.1f total tok/s\n",
@@ -168,6 +183,7 @@ nlohmann::json RecordJson(const RequestRecord& r) {
   return {{"index", r.index},
           {"group", r.group},
           {"warmup", r.warmup},
+          {"stage", r.stage},
           {"sent_s", r.sent_s},
           {"ttft_ms", r.ttft_ms},
           {"tpot_ms", r.tpot_ms()},
@@ -187,17 +203,17 @@ nlohmann::json RecordJson(const RequestRecord& r) {
 std::string CsvHeader() {
   return "index,group,warmup,sent_s,ttft_ms,tpot_ms,e2e_ms,status,finish_reason,prompt_tokens,"
          "completion_tokens,cached_local_tokens,cached_kvstore_tokens,uncached_tokens,"
-         "predicted_cached_tokens,worker_id,error\n";
+         "predicted_cached_tokens,worker_id,stage,error\n";
 }
 
 std::string CsvLine(const RequestRecord& r) {
   // The error message is the only free text: quoted, quotes doubled.
   const std::string error = absl::StrCat("\"", absl::StrReplaceAll(r.error, {{"\"", "\"\""}}), "\"");
-  return absl::StrFormat("%d,%s,%d,%.6f,%.3f,%.3f,%.3f,%s,%s,%d,%d,%d,%d,%d,%d,%s,%s\n", r.index,
+  return absl::StrFormat("%d,%s,%d,%.6f,%.3f,%.3f,%.3f,%s,%s,%d,%d,%d,%d,%d,%d,%s,%d,%s\n", r.index,
                          r.group, r.warmup ? 1 : 0, r.sent_s, r.ttft_ms, r.tpot_ms(), r.e2e_ms,
                          r.status, r.finish_reason, r.prompt_tokens, r.completion_tokens,
                          r.cached_local_tokens, r.cached_kvstore_tokens, r.uncached_tokens,
-                         r.predicted_cached_tokens, r.worker_id, error);
+                         r.predicted_cached_tokens, r.worker_id, r.stage, error);
 }
 
 }  // namespace kvstrata::loadtest

@@ -17,6 +17,7 @@ struct RequestRecord {
   int64_t index = 0;
   std::string group;
   bool warmup = false;
+  int stage = -1;         // the stage it was sent in (--stages), -1 without stages
   double sent_s = 0;      // from the start of the run
   double ttft_ms = -1;    // to the first message carrying tokens; -1 if none came
   double e2e_ms = 0;      // to the end of the stream
@@ -69,6 +70,9 @@ struct Summary {
 
 Summary Summarise(const std::vector<RequestRecord>& records, const Slo& slo, double cpu_seconds,
                   double run_wall_s, unsigned cores);
+
+// The summaries of a run's stages (labels such as "2 req/s x 30 s"), one line each.
+std::string FormatStages(const std::vector<std::string>& labels, const std::vector<Summary>& s);
 
 // The summary as a table for a terminal.
 std::string FormatSummary(const Summary& s, const Slo& slo);

@@ -5,7 +5,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace kvstrata::loadtest {
 
@@ -176,6 +178,179 @@ absl::StatusOr<std::vector<RequestSpec>> SessionRequests(const SessionOptions& o
   std::mt19937_64 rng(o.seed);
   return GroupedChats(o.sessions, o.turns, o.system_tokens, o.question_tokens, o.max_tokens,
                       /*sessions=*/true, text, rng);
+}
+
+namespace {
+
+// The text with every run of whitespace made one space: documents cut from manuals (indented,
+// in columns) hold about as many tokens as their length in characters / 4 says.
+std::string OneSpace(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const bool space = c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f';
+    if (space) {
+      if (!out.empty() && out.back() != ' ') out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// Consecutive pieces of about `tokens` tokens each, cut at spaces, from `*at` on (moved past).
+std::string NextPiece(std::string_view text, size_t* at, int tokens) {
+  const size_t want = static_cast<size_t>(tokens) * 4;
+  size_t end = std::min(text.size(), *at + want);
+  while (end < text.size() && text[end] != ' ') ++end;
+  std::string piece(text.substr(*at, end - *at));
+  *at = end < text.size() ? end + 1 : 0;  // a loop past the end starts the text again
+  return piece;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RequestSpec>> AgentRequests(const AgentOptions& o,
+                                                       std::string_view text) {
+  if (o.agents < 1 || o.steps < 1) {
+    return absl::InvalidArgumentError("--agents and --steps must be >= 1");
+  }
+  if (o.system_tokens < 1 || o.task_tokens < 1 || o.tool_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "--system_tokens, --question_tokens and --tool_tokens must be >= 1");
+  }
+  const std::string prose = OneSpace(text);
+  const size_t need = static_cast<size_t>(o.system_tokens + o.agents * o.task_tokens) * 4 + 4096;
+  if (prose.size() < need) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the text holds ", prose.size(), " characters; these agents need at least ", need));
+  }
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<size_t> offset(0, prose.size() - 1);
+  const std::string system = absl::StrCat(
+      "You are an agent that solves a task step by step. After each of your answers a tool "
+      "runs and its output follows as the next message. Reference: ",
+      TextSlice(prose, offset(rng), o.system_tokens));
+  std::vector<RequestSpec> out;
+  for (int a = 0; a < o.agents; ++a) {
+    size_t reading = offset(rng);  // where this agent's document reader starts
+    while (reading < prose.size() && prose[reading] != ' ') ++reading;
+    if (reading >= prose.size()) reading = 0;
+    for (int k = 0; k < o.steps; ++k) {
+      RequestSpec r;
+      r.messages = {{"system", system},
+                    {"user", k == 0 ? absl::StrCat("Task: find what this is about and report: ",
+                                                   TextSlice(prose, offset(rng), o.task_tokens))
+                                    : absl::StrCat("Tool output (read_document, part ", k, "): ",
+                                                   NextPiece(prose, &reading, o.tool_tokens))}};
+      r.max_tokens = o.max_tokens;
+      r.group = absl::StrCat("a", a);
+      r.session = a;
+      r.turn = k;
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::pair<int, int>> ParseHitMiss(std::string_view spec_in) {
+  const absl::string_view spec(spec_in.data(), spec_in.size());  // Debian's Abseil: its own type
+  const size_t colon = spec.find(':');
+  int h = 0, m = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(spec.substr(0, colon), &h) ||
+      !absl::SimpleAtoi(spec.substr(colon + 1), &m) || h < 0 || m < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hit_miss=", spec, ": expected HITS:MISSES, integers, HITS >= 0 and MISSES >= 1"));
+  }
+  return std::make_pair(h, m);
+}
+
+absl::StatusOr<std::vector<RequestSpec>> DocQaRequests(const DocQaOptions& o,
+                                                       std::string_view text) {
+  if (o.documents < 1 || o.document_tokens < 1 || o.question_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "--documents, --document_tokens and --question_tokens must be >= 1");
+  }
+  if (o.hits < 0 || o.misses < 1) {
+    return absl::InvalidArgumentError("--hit_miss: HITS >= 0 and MISSES >= 1");
+  }
+  const std::string prose = OneSpace(text);
+  const size_t need = static_cast<size_t>(o.documents) * o.document_tokens * 4 + 4096;
+  if (prose.size() < need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the text holds ", prose.size(), " characters; ", o.documents,
+                     " documents of ", o.document_tokens, " tokens need about ", need,
+                     " (fewer or shorter documents, or more text: scripts/fetch-text.sh)"));
+  }
+  std::mt19937_64 rng(o.seed);
+  // The documents from the start of the text on; the questions from the part no document uses.
+  std::vector<std::string> docs;
+  size_t at = 0;
+  for (int d = 0; d < o.documents; ++d) docs.push_back(NextPiece(prose, &at, o.document_tokens));
+  std::uniform_int_distribution<size_t> question_at(at, prose.size() - 1);
+  std::vector<RequestSpec> out;
+  auto add = [&](int d) {
+    RequestSpec r;
+    r.messages = {{"system", "Answer the question about the document."},
+                  {"user", absl::StrCat("Document:\n", docs[d],
+                                        "\n\nQuestion: what does it say "
+                                        "about this? ",
+                                        TextSlice(prose, question_at(rng), o.question_tokens))}};
+    r.max_tokens = o.max_tokens;
+    r.group = absl::StrCat("d", d);
+    out.push_back(std::move(r));
+  };
+  int sent = 0;
+  while (sent < o.documents) {
+    for (int m = 0; m < o.misses && sent < o.documents; ++m) add(sent++);
+    std::uniform_int_distribution<int> seen(0, sent - 1);
+    for (int h = 0; h < o.hits; ++h) add(seen(rng));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Stage>> ParseStages(std::string_view spec_in) {
+  const absl::string_view spec(spec_in.data(), spec_in.size());
+  std::vector<Stage> out;
+  for (absl::string_view part : absl::StrSplit(spec, ',')) {
+    const size_t colon = part.find(':');
+    Stage s;
+    if (colon == absl::string_view::npos || !absl::SimpleAtod(part.substr(0, colon), &s.value) ||
+        !absl::SimpleAtod(part.substr(colon + 1), &s.duration_s) || !(s.value > 0) ||
+        !(s.duration_s > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stages: \"", part, "\" is not VALUE:SECONDS with both > 0"));
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+int StageAt(const std::vector<Stage>& stages, double t) {
+  if (stages.empty()) return -1;
+  double end = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    end += stages[i].duration_s;
+    if (t < end) return static_cast<int>(i);
+  }
+  return static_cast<int>(stages.size()) - 1;
+}
+
+std::vector<double> StagedArrivals(int64_t n, const std::vector<Stage>& stages, double burstiness,
+                                   uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const double shape = 1.0 / std::max(burstiness, 1e-6);
+  std::vector<double> at;
+  double start = 0;
+  for (const Stage& s : stages) {
+    std::gamma_distribution<double> gap(shape, 1.0 / (s.value * shape));
+    for (double t = start; t < start + s.duration_s && static_cast<int64_t>(at.size()) < n;
+         t += gap(rng)) {
+      at.push_back(t);
+    }
+    start += s.duration_s;
+  }
+  return at;
 }
 
 std::vector<double> GammaArrivals(int64_t n, double rate, double burstiness, uint64_t seed) {

@@ -6,8 +6,8 @@
 #                              # tests of the services and the cluster (their binaries are built
 #                              # the same way), and the stress suite
 #   scripts/sanitize.sh tsan   # TSan (build-tsan): the router, decode, kvstore and OpenAI front
-#                              # tests and the cluster end to end, the services themselves built
-#                              # with TSan
+#                              # tests, the load generator's client, and the cluster end to end,
+#                              # the services themselves built with TSan
 #   scripts/sanitize.sh        # both
 #
 # Any sanitizer report fails the test that caused it (errors are fatal; TSan halts the process).
@@ -50,7 +50,7 @@ for kind in "${kinds[@]}"; do
       tests=(router_service_test router_contract_test router_policy_test kvstore_service_test
              kvstore_client_test kvstore_page_store_test decode_service_test
              decode_registration_test decode_local_pages_test cluster_e2e_test openai_front_test
-             security_test)
+             security_test loadtest_client_test)
       echo "sanitize: building with TSan (build-tsan): ${tests[*]}"
       targets=()
       for t in "${tests[@]}" kvstrata-router kvstrata-decode kvstrata-kvstore; do

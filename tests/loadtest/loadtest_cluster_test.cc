@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -201,6 +202,72 @@ TEST_F(LoadTestCluster, SessionTurnsCarryTheConversationAndReuseItsPages) {
                    .exit_code == 0);
 }
 
+TEST_F(LoadTestCluster, AgentStepsGrowTheContextAndReuseIt) {
+  const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=agent",
+                              "--agents=2", "--steps=3", "--concurrency=1", "--max_tokens=6",
+                              "--system_tokens=150", "--question_tokens=20", "--tool_tokens=80",
+                              "--text_file=/usr/share/common-licenses/GPL-3"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.report.is_object()) << r.output;
+  const auto& q = r.report["requests"];
+  ASSERT_EQ(q.size(), 6u);
+  for (int a = 0; a < 2; ++a) {
+    for (int k = 1; k < 3; ++k) {
+      const auto& prev = q[a * 3 + k - 1];
+      const auto& cur = q[a * 3 + k];
+      EXPECT_EQ(cur["group"], absl::StrCat("a", a));
+      // The last step's prompt and answer, then a tool output of about 80 tokens.
+      EXPECT_GT(cur["prompt_tokens"].get<int>(),
+                prev["prompt_tokens"].get<int>() + prev["completion_tokens"].get<int>() + 40)
+          << cur.dump();
+      EXPECT_GE(cur["cached_local_tokens"].get<int>() + cur["cached_kvstore_tokens"].get<int>(),
+                64 * ((prev["prompt_tokens"].get<int>() - 1) / 64) - 64)
+          << cur.dump();
+    }
+  }
+  // The loops share their system prompt (the tools): the second loop's first step finds it.
+  // (One loop at a time: with two at once the router may spill a step to the idle worker, a
+  // load bound that docs/loadtest.md shows.)
+  EXPECT_GE(q[3]["cached_local_tokens"].get<int>() + q[3]["cached_kvstore_tokens"].get<int>(), 64)
+      << q[3].dump();
+  EXPECT_EQ(
+      LoadTest({absl::StrCat("--target=", target_copy_), "--workload=agent", "--arrivals=poisson"})
+          .exit_code,
+      2);
+}
+
+TEST_F(LoadTestCluster, DocumentQaHitsServeTheDocumentFromTheCache) {
+  const ToolRun r =
+      LoadTest({absl::StrCat("--target=", target_copy_), "--workload=docqa", "--documents=3",
+                "--document_tokens=400", "--hit_miss=1:1", "--question_tokens=20", "--max_tokens=4",
+                "--concurrency=1", "--text_file=/usr/share/common-licenses/GPL-3"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(r.report.is_object()) << r.output;
+  const auto& q = r.report["requests"];
+  ASSERT_EQ(q.size(), 6u);  // new, sent, new, sent, new, sent
+  std::map<std::string, int> first_prompt;
+  int64_t prompt = 0, cached = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    const std::string doc = q[i]["group"];
+    const int tokens = q[i]["prompt_tokens"].get<int>();
+    const int hit =
+        q[i]["cached_local_tokens"].get<int>() + q[i]["cached_kvstore_tokens"].get<int>();
+    prompt += tokens;
+    cached += hit;
+    if (i % 2 == 0) {  // a document not sent before: nothing of it can be cached
+      EXPECT_EQ(first_prompt.count(doc), 0u) << i;
+      first_prompt[doc] = tokens;
+      EXPECT_LT(hit, 64) << q[i].dump();
+    } else {  // a sent one: its pages, all but the question's (and the partial last page)
+      ASSERT_EQ(first_prompt.count(doc), 1u) << i;
+      EXPECT_GE(hit, 64 * ((first_prompt[doc] - 60) / 64) - 64) << q[i].dump();
+      EXPECT_GT(hit, 300) << q[i].dump();
+    }
+  }
+  EXPECT_NEAR(r.report["summary"]["hit_ratio"].get<double>(), static_cast<double>(cached) / prompt,
+              1e-9);
+}
+
 TEST_F(LoadTestCluster, BadFlagsAreNamed) {
   const ToolRun r = LoadTest({absl::StrCat("--target=", target_copy_), "--arrivals=sometimes"});
   EXPECT_EQ(r.exit_code, 2);
@@ -208,6 +275,17 @@ TEST_F(LoadTestCluster, BadFlagsAreNamed) {
   const ToolRun t = LoadTest({absl::StrCat("--target=", target_copy_), "--workload=trace"});
   EXPECT_EQ(t.exit_code, 2);
   EXPECT_NE(t.output.find("--trace"), std::string::npos) << t.output;
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--stages=2:10,fast"},
+        std::vector<std::string>{"--stages=2:10", "--duration_s=5"},
+        std::vector<std::string>{"--workload=docqa", "--hit_miss=1:0"}}) {
+    std::vector<std::string> args = bad;
+    args.push_back(absl::StrCat("--target=", target_copy_));
+    const ToolRun b = LoadTest(args);
+    EXPECT_EQ(b.exit_code, 2) << b.output;
+    EXPECT_NE(b.output.find(bad[bad.size() - 1].substr(0, bad.back().find('='))), std::string::npos)
+        << b.output;
+  }
 }
 
 }  // namespace

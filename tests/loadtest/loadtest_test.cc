@@ -4,13 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,146 @@ TEST(SessionsTest, TurnsComeSessionBySessionWithTheirOwnSystemPrompt) {
   EXPECT_NE((*r)[0].messages[0].second, (*r)[4].messages[0].second);
   o.turns = 0;
   EXPECT_FALSE(SessionRequests(o, text).ok());
+}
+
+std::string Gpl3() {
+  std::ifstream in("/usr/share/common-licenses/GPL-3");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The text of a step's tool output, after its "Tool output (...): " label.
+std::string ToolOutput(const RequestSpec& s) {
+  const std::string& m = s.messages[1].second;
+  return m.substr(m.find("): ") + 3);
+}
+
+TEST(AgentTest, LoopsShareTheSystemPromptAndReadTheirDocumentOnward) {
+  const std::string text = Gpl3();
+  AgentOptions o;
+  o.agents = 3;
+  o.steps = 4;
+  o.system_tokens = 100;
+  o.task_tokens = 20;
+  o.tool_tokens = 150;
+  absl::StatusOr<std::vector<RequestSpec>> r = AgentRequests(o, text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 12u);
+  // The text as the tool outputs are cut from it: one space between words.
+  std::string prose;
+  for (char c : text) {
+    const bool space = std::isspace(static_cast<unsigned char>(c));
+    if (!space)
+      prose.push_back(c);
+    else if (!prose.empty() && prose.back() != ' ')
+      prose.push_back(' ');
+  }
+  for (size_t i = 0; i < r->size(); ++i) {
+    const RequestSpec& s = (*r)[i];
+    EXPECT_EQ(s.session, static_cast<int>(i / 4));
+    EXPECT_EQ(s.turn, static_cast<int>(i % 4));
+    EXPECT_EQ(s.group, "a" + std::to_string(i / 4));
+    ASSERT_EQ(s.messages.size(), 2u);
+    EXPECT_EQ(s.messages[0].second, (*r)[0].messages[0].second);  // one system prompt for all
+    if (i % 4 == 0) {
+      EXPECT_EQ(s.messages[1].second.rfind("Task: ", 0), 0u) << s.messages[1].second;
+      continue;
+    }
+    const std::string out = ToolOutput(s);
+    EXPECT_NEAR(static_cast<double>(out.size()), 150 * 4, 30) << out;
+    EXPECT_NE(prose.find(out), std::string::npos) << "not a piece of the text: " << out;
+    if (i % 4 >= 2) {  // the next piece of the same document, right after the last one
+      EXPECT_NE(prose.find(ToolOutput((*r)[i - 1]) + " " + out), std::string::npos) << i;
+    }
+  }
+  EXPECT_NE(ToolOutput((*r)[1]), ToolOutput((*r)[5]));  // agents read from different places
+  o.steps = 0;
+  EXPECT_FALSE(AgentRequests(o, text).ok());
+  o.steps = 2;
+  EXPECT_FALSE(AgentRequests(o, "too short").ok());
+}
+
+TEST(DocQaTest, TheHitMissPatternOrdersNewAndSentDocuments) {
+  const std::string text = Gpl3();
+  DocQaOptions o;
+  o.documents = 5;
+  o.document_tokens = 300;
+  o.question_tokens = 20;
+  o.hits = 2;
+  o.misses = 1;
+  absl::StatusOr<std::vector<RequestSpec>> r = DocQaRequests(o, text);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 15u);                  // 5 documents + 2 hits after each
+  std::map<std::string, std::string> doc_of;  // group -> its document text
+  std::set<std::string> questions;
+  for (size_t i = 0; i < r->size(); ++i) {
+    const RequestSpec& s = (*r)[i];
+    const std::string& m = s.messages[1].second;
+    const std::string doc = m.substr(0, m.find("\n\nQuestion: "));
+    questions.insert(m.substr(doc.size()));
+    const bool seen = doc_of.count(s.group) > 0;
+    if (i % 3 == 0) {
+      EXPECT_FALSE(seen) << i << ": a miss must bring a new document";
+      EXPECT_EQ(s.group, "d" + std::to_string(i / 3));
+      doc_of[s.group] = doc;
+    } else {
+      ASSERT_TRUE(seen) << i << ": a hit must reuse a sent document";
+      EXPECT_EQ(doc, doc_of[s.group]);  // the same document, byte for byte
+    }
+  }
+  EXPECT_EQ(questions.size(), 15u);  // every question its own
+  // Documents are distinct pieces: no two share their first 100 characters, none holds another.
+  for (const auto& [g, d] : doc_of) {
+    EXPECT_NEAR(static_cast<double>(d.size()), std::string("Document:\n").size() + 300 * 4, 30);
+    for (const auto& [h, e] : doc_of) {
+      if (g != h) {
+        EXPECT_NE(d.substr(0, 100), e.substr(0, 100)) << g << " " << h;
+      }
+    }
+  }
+  o.hits = 1;
+  o.misses = 2;  // two new documents, then one sent: 5 + 1 x 3
+  r = DocQaRequests(o, text);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 8u);
+  EXPECT_EQ((*r)[0].group, "d0");
+  EXPECT_EQ((*r)[1].group, "d1");
+  o.documents = 100;  // 100 x 300 tokens: more than GPL-3 holds
+  EXPECT_TRUE(absl::IsInvalidArgument(DocQaRequests(o, text).status()));
+
+  absl::StatusOr<std::pair<int, int>> hm = ParseHitMiss("3:1");
+  ASSERT_TRUE(hm.ok());
+  EXPECT_EQ(*hm, std::make_pair(3, 1));
+  EXPECT_TRUE(ParseHitMiss("0:1").ok());
+  for (const char* bad : {"3", "1:0", "a:b", "-1:2", ""})
+    EXPECT_FALSE(ParseHitMiss(bad).ok()) << bad;
+}
+
+TEST(StagesTest, ParsedAndLabelledAndSentAtEachStagesRate) {
+  absl::StatusOr<std::vector<Stage>> st = ParseStages("10:200,40:100");
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->size(), 2u);
+  EXPECT_EQ((*st)[1].value, 40);
+  EXPECT_EQ((*st)[1].duration_s, 100);
+  for (const char* bad : {"", "2", "0:5", "2:0", "a:b", "2:5,", "2:-1"}) {
+    EXPECT_FALSE(ParseStages(bad).ok()) << bad;
+  }
+  EXPECT_EQ(StageAt(*st, 0), 0);
+  EXPECT_EQ(StageAt(*st, 199.9), 0);
+  EXPECT_EQ(StageAt(*st, 200), 1);
+  EXPECT_EQ(StageAt(*st, 1e6), 1);
+  EXPECT_EQ(StageAt({}, 3), -1);
+
+  const std::vector<double> at = StagedArrivals(1000000, *st, 1.0, 3);
+  int64_t first = 0, second = 0;
+  for (double t : at) {
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, 300);
+    (t < 200 ? first : second)++;
+  }
+  EXPECT_NEAR(first, 2000, 150);   // 10/s for 200 s
+  EXPECT_NEAR(second, 4000, 250);  // 40/s for 100 s
+  EXPECT_TRUE(std::is_sorted(at.begin(), at.end()));
+  EXPECT_EQ(StagedArrivals(100, *st, 1.0, 3).size(), 100u);  // at most n
 }
 
 TEST(ArrivalsTest, GammaGapsHaveTheRateAndTheBurstinessAsked) {
