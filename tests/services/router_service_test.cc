@@ -205,6 +205,9 @@ TEST_F(RouterServiceTest, TenantsFromApiKeysAreBoundIntoTheNamespace) {
   for (const std::string& k : sent[0].routing().prefix_page_keys()) {
     EXPECT_THAT(sent[1].routing().prefix_page_keys(), ::testing::Not(::testing::Contains(k)));
   }
+  // The router reads the keys until its last handler returns: stop it before they go.
+  server_->Shutdown(absl::Seconds(1));
+  server_.reset();
 }
 
 TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThePages) {
