@@ -29,12 +29,16 @@ struct TensorSpec {
   const std::vector<float>* data;
 };
 
+// A string field of a JSON object; "" when it is absent or not a string (json::value throws on
+// a field of another type, and a file's bytes are untrusted).
+std::string StringField(const nlohmann::json& object, const char* key) {
+  const auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 RotationFileInfo InfoFromMetadata(const nlohmann::json& meta) {
   // Metadata values are strings (safetensors); absent fields stay empty.
-  auto str = [&](const char* key) {
-    const auto it = meta.find(key);
-    return it != meta.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
+  auto str = [&](const char* key) { return StringField(meta, key); };
   auto num = [&](const char* key) -> int64_t {
     const std::string v = str(key);
     return v.empty() ? 0 : std::strtoll(v.c_str(), nullptr, 10);
@@ -145,7 +149,7 @@ absl::StatusOr<RotationFileInfo> ReadRotationFileInfo(const std::string& path) {
   const nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   const auto meta = j.is_object() ? j.find("__metadata__") : j.end();
   if (!in || j.is_discarded() || meta == j.end() || !meta->is_object() ||
-      meta->value("format", "") != kFormat) {
+      StringField(*meta, "format") != kFormat) {
     return absl::InvalidArgumentError(
         absl::StrCat("rotation file ", path, ": not a kvstrata rotation file"));
   }
@@ -196,11 +200,11 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
                             nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) return fail("header is not a JSON object");
   const auto meta = header.find("__metadata__");
-  if (meta == header.end() || !meta->is_object() || meta->value("format", "") != kFormat) {
+  if (meta == header.end() || !meta->is_object() || StringField(*meta, "format") != kFormat) {
     return fail("not a kvstrata rotation file (metadata format is not \"kvstrata-rotations\")");
   }
-  if (meta->value("version", "") != kVersion) {
-    return fail(absl::StrCat("unsupported version \"", meta->value("version", ""), "\""));
+  if (StringField(*meta, "version") != kVersion) {
+    return fail(absl::StrCat("unsupported version \"", StringField(*meta, "version"), "\""));
   }
   RotationSet r;
   r.num_layers = num_layers;
@@ -208,7 +212,7 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
   r.head_dim = head_dim;
   r.identity = false;
   r.digest = Sha256Hex(bytes);
-  r.model_fingerprint = meta->value("model_fingerprint", "");
+  r.model_fingerprint = StringField(*meta, "model_fingerprint");
   r.info = InfoFromMetadata(*meta);
   r.info.model_fingerprint = r.model_fingerprint;
   if (!expected_fingerprint.empty() && r.model_fingerprint != expected_fingerprint) {
@@ -227,7 +231,7 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
                          std::vector<float>* out) -> absl::Status {
     const auto it = header.find(name);
     if (it == header.end() || !it->is_object()) return fail(absl::StrCat("missing tensor ", name));
-    if (it->value("dtype", "") != "F32") return fail(absl::StrCat(name, ": dtype must be F32"));
+    if (StringField(*it, "dtype") != "F32") return fail(absl::StrCat(name, ": dtype must be F32"));
     const auto s = it->find("shape");
     if (s == it->end() || !s->is_array() || s->size() != shape.size()) {
       return fail(absl::StrCat(name, ": wrong rank"));
