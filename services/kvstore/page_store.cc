@@ -434,13 +434,17 @@ absl::Status PageStore::MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint
     const PageKey key = victim->second;
     fprintf(stderr, "kvstore: evicting page %s to make room for %llu bytes\n", key.ToHex().c_str(),
             static_cast<unsigned long long>(bytes));
-    const uint64_t before = bytes_used_ + fast_bytes_used_;
-    RemoveLocked(key, RemovalReason::kEvicted);
-    ++stats_.evictions_total;
-    stats_.evicted_bytes_total += before - bytes_used_ - fast_bytes_used_;
-    ++*evicted;
+    EvictLocked(key, evicted);
   }
   return absl::OkStatus();
+}
+
+void PageStore::EvictLocked(const PageKey& key, uint32_t* evicted) {
+  const uint64_t before = bytes_used_ + fast_bytes_used_;
+  RemoveLocked(key, RemovalReason::kEvicted);
+  ++stats_.evictions_total;
+  stats_.evicted_bytes_total += before - bytes_used_ - fast_bytes_used_;
+  if (evicted != nullptr) ++*evicted;
 }
 
 absl::StatusOr<PageStore::Copy> PageStore::PlaceLocked(const PageMeta& meta,
@@ -519,11 +523,7 @@ bool PageStore::DemoteOneLocked(const PageKey* keep, uint32_t* evicted) {
     if (entry.children != 0) return false;
     fprintf(stderr, "kvstore: evicting page %s from %s: no room in host memory\n",
             key.ToHex().c_str(), fast_->Describe().c_str());
-    const uint64_t before = bytes_used_ + fast_bytes_used_;
-    RemoveLocked(key, RemovalReason::kEvicted);
-    ++stats_.evictions_total;
-    stats_.evicted_bytes_total += before - bytes_used_ - fast_bytes_used_;
-    if (evicted != nullptr) ++*evicted;
+    EvictLocked(key, evicted);
     return true;
   }
   IndexFastLocked(key, entry, /*insert=*/false);

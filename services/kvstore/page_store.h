@@ -283,6 +283,8 @@ class PageStore {
   void FreeCopyLocked(const Copy& copy);
   void IndexFastLocked(const PageKey& key, const Entry& entry, bool insert);
   void RemoveLocked(const PageKey& key, RemovalReason reason);
+  // Removes an unleased leaf to make room, counting it (and in *evicted, when given).
+  void EvictLocked(const PageKey& key, uint32_t* evicted);
   void AppendEventLocked(PageEvent event);
   absl::StatusOr<PinResult> PinLocked(const std::vector<PageKey>& keys, absl::Duration ttl,
                                       uint64_t lease_id, absl::Time now);
