@@ -86,58 +86,38 @@ absl::StatusOr<std::vector<engine::DevicePage>> SameGpuPools::Pages(
     base = it->second->memory->data();
     size = it->second->memory->size();
   }
-  auto encoding_of = [&](int e) -> absl::StatusOr<kernels::PageEncoding> {
-    if (e == v1::PAGE_ENCODING_INT2) return int2_encoding_;
-    if (e == v1::PAGE_ENCODING_BF16 || e == v1::PAGE_ENCODING_BF16_RECENT) {
-      return kernels::PageEncoding::kBf16;
-    }
-    return absl::DataLossError("a transfer's page encoding");
-  };
-  std::vector<engine::DevicePage> pages;
-  if (answer.has_placements()) {
-    const v1::PoolPlacements& p = answer.placements();
-    const int n = p.offset_bytes_size();
-    if (n != static_cast<int>(keys.size()) || p.digest64_size() != n ||
-        p.byte_length_size() != n || p.encoding_size() != n) {
-      return absl::DataLossError("the transfer's placements do not match the pages asked for");
-    }
-    pages.reserve(n);
-    PageKey parent = first_parent;
-    for (int i = 0; i < n; ++i) {
-      if (p.offset_bytes(i) + p.byte_length(i) > static_cast<uint64_t>(size)) {
-        return absl::DataLossError("a transfer's page lies outside the kvstore pool");
-      }
-      absl::StatusOr<kernels::PageEncoding> encoding = encoding_of(p.encoding(i));
-      if (!encoding.ok()) return encoding.status();
-      pages.push_back({.key = keys[i],
-                       .parent_key = parent,
-                       .page_index = first_index + i,
-                       .encoding = *encoding,
-                       .bytes = base + p.offset_bytes(i),
-                       .byte_length = static_cast<int64_t>(p.byte_length(i)),
-                       .digest64 = p.digest64(i)});
-      parent = keys[i];
-    }
-    return pages;
+  // The worker asks for compact answers (OpenSameGpuTransfer): placements, never segments.
+  if (!answer.has_placements()) {
+    return absl::DataLossError("the same-GPU answer has no placements (an older kvstore?)");
   }
-  pages.reserve(answer.segments_size());
-  for (const v1::TransferSegment& s : answer.segments()) {
-    const v1::PageHeader& h = s.header();
-    if (s.offset_bytes() + h.byte_length() > static_cast<uint64_t>(size)) {
-      return absl::DataLossError("a transfer segment lies outside the kvstore pool");
+  const v1::PoolPlacements& p = answer.placements();
+  const int n = p.offset_bytes_size();
+  if (n != static_cast<int>(keys.size()) || p.digest64_size() != n ||
+      p.byte_length_size() != n || p.encoding_size() != n) {
+    return absl::DataLossError("the transfer's placements do not match the pages asked for");
+  }
+  std::vector<engine::DevicePage> pages;
+  pages.reserve(n);
+  PageKey parent = first_parent;
+  for (int i = 0; i < n; ++i) {
+    if (p.offset_bytes(i) + p.byte_length(i) > static_cast<uint64_t>(size)) {
+      return absl::DataLossError("a transfer's page lies outside the kvstore pool");
     }
-    absl::StatusOr<PageKey> key = PageKey::FromBytes(h.key());
-    absl::StatusOr<PageKey> parent = PageKey::FromBytes(h.parent_key());
-    if (!key.ok() || !parent.ok()) return absl::DataLossError("a transfer segment's keys");
-    absl::StatusOr<kernels::PageEncoding> encoding = encoding_of(h.encoding());
-    if (!encoding.ok()) return encoding.status();
-    pages.push_back({.key = *key,
-                     .parent_key = *parent,
-                     .page_index = h.page_index(),
-                     .encoding = *encoding,
-                     .bytes = base + s.offset_bytes(),
-                     .byte_length = static_cast<int64_t>(h.byte_length()),
-                     .digest64 = s.digest64()});
+    kernels::PageEncoding encoding = kernels::PageEncoding::kBf16;
+    if (p.encoding(i) == v1::PAGE_ENCODING_INT2) {
+      encoding = int2_encoding_;
+    } else if (p.encoding(i) != v1::PAGE_ENCODING_BF16 &&
+               p.encoding(i) != v1::PAGE_ENCODING_BF16_RECENT) {
+      return absl::DataLossError("a transfer's page encoding");
+    }
+    pages.push_back({.key = keys[i],
+                     .parent_key = parent,
+                     .page_index = first_index + i,
+                     .encoding = encoding,
+                     .bytes = base + p.offset_bytes(i),
+                     .byte_length = static_cast<int64_t>(p.byte_length(i)),
+                     .digest64 = p.digest64(i)});
+    parent = keys[i];
   }
   return pages;
 #else

@@ -30,9 +30,9 @@ class SameGpuPools {
   bool enabled() const { return enabled_; }
   // This worker's device and the transports it takes, in its order.
   void Describe(v1::OpenTransferRequest* request) const;
-  // The answer's pages as device pages in the mapped pool, mapping it first if it is new. A
-  // compact answer names no keys: they are `keys` (what was asked for), page i of them at
-  // index first_index + i, the first one's parent `first_parent`. Errors (the pool socket, the
+  // The answer's pages (a compact answer: placements only) as device pages in the mapped pool,
+  // mapping it first if it is new. The answer names no keys: they are `keys` (what was asked
+  // for), page i of them at index first_index + i, the first one's parent `first_parent`. Errors (the pool socket, the
   // mapping, a page outside the pool) mean: fetch by gRPC.
   absl::StatusOr<std::vector<engine::DevicePage>> Pages(const v1::OpenTransferResponse& answer,
                                                         std::span<const PageKey> keys,
