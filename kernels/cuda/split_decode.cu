@@ -17,23 +17,33 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "kernels/attention_ref.h"
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/split_decode.h"
+#include "kernels/cuda/split_decode_bf16.cuh"
+#include "kernels/cuda/split_decode_common.cuh"
 #include "kernels/dispatch.h"
 
 namespace kvstrata::kernels {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxGroup = 8;
-constexpr int kPageTokens = 64;
-constexpr int kStages = 2;  // shared-memory pages in flight per warp
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using namespace split;  // NOLINT: the kernels' shared constants and workspace
+using ptx::BarrierExpect;
+using ptx::BarrierInit;
+using ptx::BarrierWait;
+using ptx::BulkCopy;
+using ptx::Exp2;
+using ptx::HalfHi;
+using ptx::HalfLo;
+using ptx::PackHalf2;
+using ptx::Transpose8x8;
+
+constexpr int kStages = 2;  // shared-memory pages in flight per warp (INT2)
+constexpr int kBf16Stages = 3;  // BF16 pages in flight per CTA (BF16 history)
 
 __device__ __forceinline__ uint32_t Lop3AndOr(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
@@ -57,37 +67,7 @@ __device__ __forceinline__ int KPairOf(int d) { return 2 * ((d / 16) % 4) + (d %
 
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// 2^x in one MUFU instruction (exp2f adds range fix-ups we do not need: x <= 0 here, and
-// results below 2^-126 are as good as zero for softmax weights).
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ float HalfLo(uint32_t x) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(x & 0xffff)));
-}
-__device__ __forceinline__ float HalfHi(uint32_t x) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(x >> 16)));
+  ptx::MmaF16(c, a0, a1, a2, a3, b0, b1);
 }
 
 // What one thread loads of one page (one layer, one KV head).
@@ -125,36 +105,6 @@ __device__ __forceinline__ void LoadPage(PageRegs<D>& r, const uint8_t* st, int 
 #pragma unroll
   for (int c = 0; c < D / 32; ++c)
     r.v[c] = *reinterpret_cast<const uint4*>(vb + (c * 32 + lane) * 16);
-}
-
-// The bulk copy engine: global -> shared, completing on an mbarrier (sm_90).
-__device__ __forceinline__ void BarrierInit(uint64_t* bar) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a));
-}
-__device__ __forceinline__ void BarrierExpect(uint64_t* bar, uint32_t bytes) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes,
-                                         uint64_t* bar) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(d),
-      "l"(src), "r"(bytes), "r"(b)
-      : "memory");
-}
-__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}" ::"r"(a),
-      "r"(parity)
-      : "memory");
 }
 
 __device__ __forceinline__ uint32_t Component(const uint4& x, int i) {
@@ -258,22 +208,21 @@ __device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>&
   }
 }
 
-struct Workspace {
-  float* part_o;    // [batch][kv_heads][slots][kMaxGroup][D]
-  float* part_lse;  // [batch][kv_heads][slots][kMaxGroup]
-  int slots;        // window pages (sink, then recent) and then the history ranges
-  int window;       // the first `window` slots are BF16 pages
-};
-
-__device__ __forceinline__ int64_t PartialRow(const Workspace& ws, int b, int kv_heads, int h,
-                                              int slot) {
-  return ((int64_t{b} * kv_heads + h) * ws.slots + slot) * kMaxGroup;
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3)
-    Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, Workspace ws) {
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
+                      Workspace ws) {
+  const int h = blockIdx.y, b = blockIdx.z;
+  // The staging area: INT2 pages in flight, or one BF16 window page.
+  constexpr int kStagingBytes = kWarps * kStages * kStageBytes<D> > kBf16StageBytes<D>
+                                    ? kWarps * kStages * kStageBytes<D>
+                                    : kBf16StageBytes<D>;
+  __shared__ alignas(128) uint8_t s_stage[kStagingBytes];
+  if (static_cast<int>(blockIdx.x) < window_ctas) {  // a sink or recent page of the same launch
+    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, s_stage);
+    return;
+  }
+  const int split = blockIdx.x - window_ctas;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
   const KvGeometry& geo = p.geometry;
@@ -283,16 +232,35 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int begin = split * pages_per_split;
   const int end = min(npages, begin + pages_per_split);
 
-  __shared__ alignas(128) uint8_t s_stage[kWarps * kStages * kStageBytes<D>];
   __shared__ uint64_t s_bar[kWarps][kStages];
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
-  // Before the page loop the staging area holds the queries, after it the warps' outputs.
-  float(*s_q)[D] = reinterpret_cast<float(*)[D]>(s_stage);
+  __shared__ float s_q[kMaxGroup][D];
+  // After the page loop the staging area holds the warps' outputs.
   float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(s_stage);
-  static_assert(kWarps * kMaxGroup * D * 4 <= kWarps * kStages * kStageBytes<D>, "staging area");
+  static_assert(kWarps * kMaxGroup * D * 4 <= kStagingBytes, "staging area");
+
+  // Each warp streams pages begin + warp, + 4, ... through kStages shared-memory stages filled by
+  // the bulk copy engine, so several pages per warp are in flight while it computes. The first
+  // ones are asked for before the queries are read, so the two latencies overlap.
+  const int my_pages = begin + warp < end ? (end - (begin + warp) + kWarps - 1) / kWarps : 0;
+  uint8_t* stages = s_stage + warp * kStages * kStageBytes<D>;
+  uint64_t* bars = s_bar[warp];
+  const uint32_t block_bytes = kPageTokens * (D / 4 + 4);
+  const int64_t k_offset = BlockOffset(geo, seg.encoding, p.layer, 0, h);
+  const int64_t v_offset = BlockOffset(geo, seg.encoding, p.layer, 1, h);
+  auto issue = [&](int i) {  // lane 0: page i of this warp into stage i % kStages
+    const int64_t slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
+    const uint8_t* base = seg.pool + slot * seg.slot_stride;
+    uint8_t* dst = stages + (i % kStages) * kStageBytes<D>;
+    uint64_t* bar = bars + i % kStages;
+    BarrierExpect(bar, 2 * block_bytes);
+    BulkCopy(dst, base + k_offset, block_bytes, bar);
+    BulkCopy(dst + block_bytes, base + v_offset, block_bytes, bar);
+  };
   if (lane == 0) {
     for (int i = 0; i < kStages; ++i) BarrierInit(&s_bar[warp][i]);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < kStages && i < my_pages; ++i) issue(i);
   }
 
   // Queries of this KV head's group, scaled for exp2.
@@ -335,7 +303,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
     sumq4[col] = __shfl_sync(0xffffffffu, part_q4, 4 * (2 * t + col));
   }
-  __syncthreads();  // every thread has its query fragments: the staging area is free
 
   WarpState<D> st;
 #pragma unroll
@@ -346,25 +313,6 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
 
-  // Each warp streams pages begin + warp, + 4, ... through kStages shared-memory stages filled by
-  // the bulk copy engine, so several pages per warp are in flight while it computes.
-  const int my_pages = begin + warp < end ? (end - (begin + warp) + kWarps - 1) / kWarps : 0;
-  uint8_t* stages = s_stage + warp * kStages * kStageBytes<D>;
-  uint64_t* bars = s_bar[warp];
-  const uint32_t block_bytes = kPageTokens * (D / 4 + 4);
-  auto issue = [&](int i) {  // lane 0: page i of this warp into stage i % kStages
-    const int64_t slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
-    const uint8_t* base = seg.pool + slot * seg.slot_stride;
-    uint8_t* dst = stages + (i % kStages) * kStageBytes<D>;
-    uint64_t* bar = bars + i % kStages;
-    BarrierExpect(bar, 2 * block_bytes);
-    BulkCopy(dst, base + BlockOffset(geo, seg.encoding, p.layer, 0, h), block_bytes, bar);
-    BulkCopy(dst + block_bytes, base + BlockOffset(geo, seg.encoding, p.layer, 1, h), block_bytes,
-             bar);
-  };
-  if (lane == 0) {
-    for (int i = 0; i < kStages && i < my_pages; ++i) issue(i);
-  }
   for (int i = 0; i < my_pages; ++i) {
     BarrierWait(bars + i % kStages, (i / kStages) & 1);
     PageRegs<D> cur;
@@ -406,30 +354,13 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
   __syncthreads();
-  // Combine the warps and write this range's partial (o, lse).
-  const int64_t row0 = PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split);
-  for (int i = threadIdx.x; i < G * D; i += kThreads) {
-    const int n = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][n]);
-    float L = 0.0f, O = 0.0f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        if (s_m[w][n] == -INFINITY) continue;
-        const float f = exp2f(s_m[w][n] - M);
-        L += f * s_l[w][n];
-        O += f * s_o[w][n][d];
-      }
-    }
-    ws.part_o[(row0 + n) * D + d] = L > 0.0f ? O / L : 0.0f;
-    if (d == 0) ws.part_lse[row0 + n] = L > 0.0f ? (M + log2f(L)) * kLn2 : -INFINITY;
-  }
+  CombineWarps<D>(s_o, s_m, s_l, G, PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split),
+                  ws);
 }
 
 // Sink and recent window: a few BF16 pages per sequence, one CTA per page, plain fp32 math.
-// Window slot i of a sequence is its i-th sink page, then its recent pages.
+// Window slot i of a sequence is its i-th sink page, then its recent pages. The variant with
+// bf16_tensor_cores off (the former default, kept for the benchmark's side-by-side steps).
 template <int D>
 __global__ void __launch_bounds__(kThreads) Bf16PageKernel(SplitDecodeCudaParams p, Workspace ws) {
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -511,10 +442,9 @@ __global__ void __launch_bounds__(kThreads) Bf16PageKernel(SplitDecodeCudaParams
   }
 }
 
-// History in BF16 (the BF16 cache format, all of whose pages are BF16): a range of pages per
-// CTA as for INT2, each page staged in shared memory and attended with plain fp32 math, the
-// softmax carried online from page to page. Simpler than the INT2 kernel's tensor-core path;
-// it makes the BF16 format's decode a paged split decode like INT2's, so the two compare.
+// History in BF16 with plain fp32 math, a page range per CTA, the softmax carried online from
+// page to page: the variant with bf16_tensor_cores off (the former default, kept for the
+// benchmark's side-by-side steps; Bf16HistoryMmaKernel is the one used).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     Bf16HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, Workspace ws) {
@@ -632,6 +562,108 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// History in BF16 (the BF16 cache format, all of whose pages are BF16) on bf16 tensor cores: a
+// range of pages per CTA as for INT2, kBf16Stages pages in flight (split_decode_bf16.cuh). The
+// first window_ctas CTAs of the launch take the window pages.
+template <int D>
+constexpr int kBf16HistorySmemBytes = kBf16Stages * kBf16StageBytes<D>;
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2)
+    Bf16HistoryMmaKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
+                         Workspace ws) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (static_cast<int>(blockIdx.x) < window_ctas) {
+    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, smem);
+    return;
+  }
+  const int split = blockIdx.x - window_ctas;
+  const int begin = split * pages_per_split;
+  Bf16PageRange<D, kBf16Stages>(p, p.segments[kHistorySegment], b, h, begin,
+                                begin + pages_per_split, smem,
+                                PartialRow(ws, b, p.geometry.num_kv_heads, h, ws.window + split),
+                                ws);
+}
+
+// The window pages as a launch of their own, on tensor cores (fuse_window off).
+template <int D>
+__global__ void __launch_bounds__(kThreads) Bf16WindowKernel(SplitDecodeCudaParams p, Workspace ws) {
+  __shared__ alignas(128) uint8_t s_stage[kBf16StageBytes<D>];
+  Bf16WindowSlot<D>(p, ws, blockIdx.x, blockIdx.y, blockIdx.z, s_stage);
+}
+
+// The merge of one query head's partials, spread over the CTA: the weights exp(lse - max) of
+// every slot first (shared memory, dynamic: one float per slot), then each thread sums four
+// channels over a share of the slots, loads of several slots in flight at once.
+template <int D>
+__global__ void __launch_bounds__(kThreads) MergeParallelKernel(SplitDecodeCudaParams p,
+                                                                Workspace ws) {
+  extern __shared__ float s_w[];  // [ws.slots]
+  constexpr int kLanesPerRow = D / 4, kGroups = kThreads / kLanesPerRow;
+  __shared__ float s_red[kWarps];
+  __shared__ float4 s_acc[kGroups][kLanesPerRow];
+  const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
+  const int G = p.num_q_heads / p.geometry.num_kv_heads;
+  const int h = hq / G, n = hq % G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = PartialRow(ws, b, p.geometry.num_kv_heads, h, 0) + n;
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < ws.slots; s += kThreads) {
+    const float lse = ws.part_lse[row0 + int64_t{s} * kMaxGroup];
+    s_w[s] = lse;
+    mx = fmaxf(mx, lse);
+  }
+  for (int x = 16; x > 0; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+  if (lane == 0) s_red[warp] = mx;
+  __syncthreads();
+  float M = s_red[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) M = fmaxf(M, s_red[w]);
+  float sum = 0.0f;
+  for (int s = threadIdx.x; s < ws.slots; s += kThreads) {
+    const float w = M == -INFINITY || s_w[s] == -INFINITY ? 0.0f : __expf(s_w[s] - M);
+    s_w[s] = w;
+    sum += w;
+  }
+  for (int x = 16; x > 0; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+  __syncthreads();  // everyone has read s_red's maxima
+  if (lane == 0) s_red[warp] = sum;
+  __syncthreads();
+  float L = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) L += s_red[w];
+  const int c4 = threadIdx.x % kLanesPerRow, group = threadIdx.x / kLanesPerRow;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = group; s < ws.slots; s += kGroups) {
+    const float w = s_w[s];
+    if (w == 0.0f) continue;
+    const float4 v = *reinterpret_cast<const float4*>(
+        ws.part_o + (row0 + int64_t{s} * kMaxGroup) * D + 4 * c4);
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  s_acc[group][c4] = acc;
+  __syncthreads();
+  if (threadIdx.x < D) {
+    const int d = threadIdx.x;
+    float O = 0.0f;
+#pragma unroll
+    for (int gr = 0; gr < kGroups; ++gr) {
+      const float4 a = s_acc[gr][d / 4];
+      O += d % 4 == 0 ? a.x : d % 4 == 1 ? a.y : d % 4 == 2 ? a.z : a.w;
+    }
+    p.out[(int64_t{b} * p.num_q_heads + hq) * D + d] = L > 0.0f ? O / L : 0.0f;
+    if (d == 0 && p.lse)
+      p.lse[int64_t{b} * p.num_q_heads + hq] = L > 0.0f ? M + logf(L) : -INFINITY;
+  }
+}
+
+// The merge with one thread per channel walking every slot (parallel_merge off: the former
+// default, kept for the benchmark's side-by-side steps).
 template <int D>
 __global__ void MergeKernel(SplitDecodeCudaParams p, Workspace ws) {
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
@@ -683,40 +715,95 @@ __global__ void FillKernel(uint8_t* pool, int64_t stride, int num_pages, KvGeome
 
 }  // namespace
 
-int SplitDecodeCtasPerSm(int head_dim, PageEncoding history) {
+namespace {
+
+// The BF16 history kernel wants more than the default 48 KB of dynamic shared memory; set once
+// per device (a function attribute, not a stream operation, but done before any capture by
+// SplitDecodeCtasPerSm, which callers run while planning).
+cudaError_t AllowBf16HistorySmem() {
+  static std::atomic<uint64_t> done{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
+    return cudaErrorInvalidDevice;
+  }
+  if (done.load(std::memory_order_acquire) & (uint64_t{1} << device)) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(Bf16HistoryMmaKernel<64>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kBf16HistorySmemBytes<64>);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(Bf16HistoryMmaKernel<128>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kBf16HistorySmemBytes<128>);
+  }
+  if (e == cudaSuccess) done.fetch_or(uint64_t{1} << device, std::memory_order_release);
+  return e;
+}
+
+template <typename Kernel>
+int Occupancy(Kernel kernel, int dynamic_smem) {
   int blocks = 0;
-  const bool bf16 = history == PageEncoding::kBf16;
-  const cudaError_t e =
-      head_dim == 64
-          ? (bf16 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Bf16HistoryKernel<64>,
-                                                                 kThreads, 0)
-                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<64>,
-                                                                 kThreads, 0))
-          : (bf16 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Bf16HistoryKernel<128>,
-                                                                 kThreads, 0)
-                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Int2HistoryKernel<128>,
-                                                                 kThreads, 0));
-  return e == cudaSuccess && blocks > 0 ? blocks : 1;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, dynamic_smem) ==
+                     cudaSuccess &&
+                 blocks > 0
+             ? blocks
+             : 1;
+}
+
+// Window pages run as CTAs of the history launch when the variant allows it and they are few
+// (at most a quarter of a wave): then they fill places the history leaves, where a launch of
+// their own would cost a kernel boundary. Many of them would instead push the history into
+// more waves, or into fewer ranges (measured: batch 8 and 32 are faster apart).
+bool WindowCtas(const SplitDecodeVariant& v, int64_t window_ctas, int64_t capacity) {
+  return v.fuse_window && v.bf16_tensor_cores && 4 * window_ctas <= capacity;
+}
+
+}  // namespace
+
+int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVariant& variant) {
+  const bool d64 = head_dim == 64;
+  if (history != PageEncoding::kBf16) {
+    return d64 ? Occupancy(Int2HistoryKernel<64>, 0) : Occupancy(Int2HistoryKernel<128>, 0);
+  }
+  if (!variant.bf16_tensor_cores) {
+    return d64 ? Occupancy(Bf16HistoryKernel<64>, 0) : Occupancy(Bf16HistoryKernel<128>, 0);
+  }
+  if (AllowBf16HistorySmem() != cudaSuccess) return 1;
+  return d64 ? Occupancy(Bf16HistoryMmaKernel<64>, kBf16HistorySmemBytes<64>)
+             : Occupancy(Bf16HistoryMmaKernel<128>, kBf16HistorySmemBytes<128>);
 }
 
 SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int max_history_pages,
-                                int max_window_pages, int num_sms, int ctas_per_sm) {
+                                int max_window_pages, int num_sms, int ctas_per_sm,
+                                PageEncoding history, const SplitDecodeVariant& variant) {
   SplitDecodePlan plan;
+  plan.variant = variant;
   plan.window_pages = std::max(1, max_window_pages);
   const int64_t units = std::max(1, batch * num_kv_heads);
   const int64_t capacity = int64_t{std::max(1, num_sms)} * std::max(1, ctas_per_sm);
   const int pages = std::max(1, max_history_pages);
+  // Window pages that run as CTAs of the history launch take places in its waves.
+  const int window_ctas = WindowCtas(variant, units * plan.window_pages, capacity)
+                              ? plan.window_pages
+                              : 0;
+  plan.fused_window = window_ctas > 0;
   // Time ~ waves x (pages per CTA + a setup cost of about two pages): choose the split count
-  // that minimises it, so the last wave is not a sliver of a few CTAs.
+  // that minimises it, so the last wave is not a sliver of a few CTAs. A BF16 history streams
+  // faster in ranges of at most 64 pages (measured: one wave of ranges of 500 pages at batch 8
+  // ran 10 % slower than seven waves of 73), so longer ranges are not considered for it.
+  const int max_pps = history == PageEncoding::kBf16 && variant.bf16_tensor_cores &&
+                              variant.bf16_max_pages_per_split > 0
+                          ? variant.bf16_max_pages_per_split
+                          : pages;
+  const int max_splits = std::min(pages, 512);
+  const int min_splits = std::min(max_splits, (pages + max_pps - 1) / max_pps);
   double best = 1e300;
-  for (int splits = 1; splits <= std::min(pages, 512); ++splits) {
+  for (int splits = min_splits; splits <= max_splits; ++splits) {
     const int pps = (pages + splits - 1) / splits;
-    const int used = (pages + pps - 1) / pps;
-    if (used != splits) continue;
-    const int64_t ctas = units * splits;
+    const int used = (pages + pps - 1) / pps;  // ranges that hold a page: <= splits
+    const int64_t ctas = units * (used + window_ctas);
     const int64_t waves = (ctas + capacity - 1) / capacity;
     const double cost = static_cast<double>(waves) * (static_cast<double>(pps) / kWarps + 2.0);
-    if (cost < best - 1e-9) best = cost, plan.splits = splits, plan.pages_per_split = pps;
+    if (cost < best - 1e-9) best = cost, plan.splits = used, plan.pages_per_split = pps;
   }
   const int64_t rows = units * (plan.window_pages + plan.splits) * kMaxGroup;
   plan.workspace_bytes = rows * head_dim * 4 + rows * 4;
@@ -736,23 +823,43 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
+  const SplitDecodeVariant& v = plan.variant;
+  if (bf16_history && v.bf16_tensor_cores) {
+    if (const cudaError_t e = AllowBf16HistorySmem(); e != cudaSuccess) return e;
+  }
   Workspace ws;
   ws.window = plan.window_pages;
   ws.slots = plan.window_pages + plan.splits;
   const int64_t rows = int64_t{p.batch} * g.num_kv_heads * ws.slots * kMaxGroup;
   ws.part_o = static_cast<float*>(workspace);
   ws.part_lse = ws.part_o + rows * g.head_dim;
+  const int window_ctas = plan.fused_window ? plan.window_pages : 0;
+  const dim3 history_grid(window_ctas + plan.splits, g.num_kv_heads, p.batch);
+  const dim3 window_grid(plan.window_pages, g.num_kv_heads, p.batch);
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
-    if (bf16_history) {
+    if (bf16_history && v.bf16_tensor_cores) {
+      Bf16HistoryMmaKernel<D><<<history_grid, kThreads, kBf16HistorySmemBytes<D>, stream>>>(
+          p, plan.pages_per_split, window_ctas, ws);
+    } else if (bf16_history) {
       Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
           p, plan.pages_per_split, ws);
     } else {
-      Int2HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
-          p, plan.pages_per_split, ws);
+      Int2HistoryKernel<D><<<history_grid, kThreads, 0, stream>>>(p, plan.pages_per_split,
+                                                                  window_ctas, ws);
     }
-    Bf16PageKernel<D>
-        <<<dim3(plan.window_pages, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(p, ws);
-    MergeKernel<D><<<p.batch * p.num_q_heads, D, 0, stream>>>(p, ws);
+    if (window_ctas == 0) {
+      if (v.bf16_tensor_cores) {
+        Bf16WindowKernel<D><<<window_grid, kThreads, 0, stream>>>(p, ws);
+      } else {
+        Bf16PageKernel<D><<<window_grid, kThreads, 0, stream>>>(p, ws);
+      }
+    }
+    if (v.parallel_merge) {
+      MergeParallelKernel<D><<<p.batch * p.num_q_heads, kThreads, ws.slots * sizeof(float),
+                               stream>>>(p, ws);
+    } else {
+      MergeKernel<D><<<p.batch * p.num_q_heads, D, 0, stream>>>(p, ws);
+    }
     return cudaGetLastError();
   });
 }

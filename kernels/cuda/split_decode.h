@@ -2,9 +2,10 @@
 
 // Split decode attention on the GPU (docs/kv-format.md §5): per sequence and KV head, the INT2
 // history is cut into page ranges processed in parallel on tensor cores (flash-decoding), the
-// BF16 sink and recent window get one partial each, and a merge kernel combines every partial
-// (o, lse) exactly. A BF16 history segment (the BF16 cache format) is split the same way and
-// attended with fp32 math instead. CPU reference: SplitDecodeAttentionRef (kernels/attention_ref.h).
+// BF16 sink and recent window pages get one partial each (extra CTAs of the same launch), and a
+// merge kernel combines every partial (o, lse) exactly. A BF16 history segment (the BF16 cache
+// format) is split the same way and attended on bf16 tensor cores: the BF16 baseline the INT2
+// format is measured against. CPU reference: SplitDecodeAttentionRef (kernels/attention_ref.h).
 //
 // Plan on the host (PlanSplitDecode), then LaunchSplitDecode allocates nothing, so a decode
 // step can be captured in a CUDA graph.
@@ -31,11 +32,24 @@ struct SplitDecodeCudaParams {
   float* lse = nullptr;  // device [batch][num_q_heads] natural log, or null
 };
 
+// Which kernels a launch uses. The defaults are the fastest; the others are kept so that the
+// benchmark can measure what each step bought, side by side in one run (docs/benchmarks.md).
+struct SplitDecodeVariant {
+  bool bf16_tensor_cores = true;  // BF16 pages (window, BF16 history) on mma; else fp32 math
+  bool fuse_window = true;        // window pages as extra CTAs of the history launch when they
+                                  // are few (batch x KV heads x window pages <= a quarter of a
+                                  // wave; needs bf16_tensor_cores); else a launch of their own
+  bool parallel_merge = true;     // the merge spreads each row's partials over a CTA's threads
+  int bf16_max_pages_per_split = 64;  // BF16 history: ranges of at most this many pages (0: any)
+};
+
 struct SplitDecodePlan {
   int window_pages = 1;  // BF16 pages (sink + recent) per sequence the plan covers
   int splits = 1;        // history page ranges per (sequence, KV head)
   int pages_per_split = 1;
   int64_t workspace_bytes = 0;
+  SplitDecodeVariant variant;
+  bool fused_window = false;  // the window pages run as CTAs of the history launch
 };
 
 // max_history_pages / max_window_pages: the most INT2 pages, and the most BF16 pages (sink plus
@@ -43,11 +57,14 @@ struct SplitDecodePlan {
 // device's multiprocessor count.
 // ctas_per_sm: SplitDecodeCtasPerSm(head_dim, history encoding) on the device that will run it.
 SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int max_history_pages,
-                                int max_window_pages, int num_sms, int ctas_per_sm);
+                                int max_window_pages, int num_sms, int ctas_per_sm,
+                                PageEncoding history = PageEncoding::kInt2Uniform,
+                                const SplitDecodeVariant& variant = {});
 
-// How many history-kernel CTAs fit on one multiprocessor (a device query; 1 on failure), for an
-// INT2 (uniform) or a BF16 history.
-int SplitDecodeCtasPerSm(int head_dim, PageEncoding history = PageEncoding::kInt2Uniform);
+// How many history-kernel CTAs fit on one multiprocessor (a device query on the current device;
+// 1 on failure), for an INT2 (uniform) or a BF16 history.
+int SplitDecodeCtasPerSm(int head_dim, PageEncoding history = PageEncoding::kInt2Uniform,
+                         const SplitDecodeVariant& variant = {});
 
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
 // INT2 history with group_size != head_dim or Lloyd-Max levels). `workspace` holds plan.workspace_bytes.

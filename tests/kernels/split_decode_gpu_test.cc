@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,7 +34,7 @@ struct Case {
   PageEncoding history = PageEncoding::kInt2Uniform;  // kBf16: the BF16 cache format
 };
 
-double RunCase(const Case& c, uint32_t seed) {
+double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant = {}) {
   const int d = c.head_dim, batch = static_cast<int>(c.sink.size());
   const KvGeometry g{c.layers, c.kv_heads, d, d, 64};
   std::mt19937 rng(seed);
@@ -128,7 +130,8 @@ double RunCase(const Case& c, uint32_t seed) {
   }
   const SplitDecodePlan plan =
       PlanSplitDecode(batch, c.kv_heads, d, max_pages, max_window, sms,
-                      c.fake_sms ? 1 : SplitDecodeCtasPerSm(d, c.history));
+                      c.fake_sms ? 1 : SplitDecodeCtasPerSm(d, c.history, variant), c.history,
+                      variant);
   void* workspace = nullptr;
   EXPECT_EQ(cudaMalloc(&workspace, plan.workspace_bytes), cudaSuccess);
   EXPECT_EQ(LaunchSplitDecode(p, plan, workspace, nullptr), cudaSuccess);
@@ -161,42 +164,62 @@ double RunCase(const Case& c, uint32_t seed) {
   return worst;
 }
 
+// Every kernel variant the benchmark compares must give the same answers: the default (BF16
+// pages on tensor cores, window pages in the history launch, the parallel merge), each step off.
+const SplitDecodeVariant kVariants[] = {
+    {},
+    {.fuse_window = false},
+    {.bf16_max_pages_per_split = 2},
+    {.bf16_tensor_cores = false,
+     .fuse_window = false,
+     .parallel_merge = false,
+     .bf16_max_pages_per_split = 0},
+};
+
 TEST(SplitDecodeGpu, MatchesCpuReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   double worst = 0;
   int shapes = 0;
   uint32_t seed = 1;
-  for (int d : {64, 128}) {
-    for (int group : {1, 2, 4, 8}) {
-      for (int fake_sms : {0, 4000}) {
-        Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 319}, fake_sms};
-        const double w = RunCase(c, seed++);
-        worst = std::max(worst, w);
-        ++shapes;
+  for (const SplitDecodeVariant& v : kVariants) {
+    for (int d : {64, 128}) {
+      for (int group : {1, 2, 3, 4, 8}) {
+        for (int fake_sms : {0, 4000}) {
+          Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 319}, fake_sms};
+          worst = std::max(worst, RunCase(c, seed++, v));
+          ++shapes;
+        }
       }
     }
-  }
-  // BF16 history (the BF16 cache format) over the same shapes
-  for (int d : {64, 128}) {
-    for (int group : {1, 3, 4, 8}) {
-      for (int fake_sms : {0, 4000}) {
-        Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 64}, fake_sms,
-               PageEncoding::kBf16};
-        worst = std::max(worst, RunCase(c, seed++));
-        ++shapes;
+    // BF16 history (the BF16 cache format) over the same shapes
+    for (int d : {64, 128}) {
+      for (int group : {1, 3, 4, 8}) {
+        for (int fake_sms : {0, 4000}) {
+          Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 64}, fake_sms,
+                 PageEncoding::kBf16};
+          worst = std::max(worst, RunCase(c, seed++, v));
+          ++shapes;
+        }
       }
     }
+    worst = std::max(worst,
+                     RunCase({128, 8, 4, 1, {64}, {300}, {33}, 0, PageEncoding::kBf16}, 98, v));
+    ++shapes;
+    // the default model's shape: head_dim 64, 3 KV heads of GQA 3, a long history
+    worst = std::max(worst, RunCase({64, 3, 3, 2, {64}, {200}, {270}, 0}, 97, v));
+    worst = std::max(worst,
+                     RunCase({64, 3, 3, 2, {64}, {200}, {270}, 0, PageEncoding::kBf16}, 96, v));
+    shapes += 2;
+    // single sequence, long history, head_dim 128, GQA 4 (the benchmark shape, shortened)
+    worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {300}, {256}, 0}, 99, v));
+    ++shapes;
+    // nothing but the sink
+    worst = std::max(worst, RunCase({128, 1, 4, 1, {40}, {0}, {0}, 0}, 100, v));
+    ++shapes;
   }
-  worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {300}, {33}, 0, PageEncoding::kBf16}, 98));
-  ++shapes;
-  // single sequence, long history, head_dim 128, GQA 4 (the benchmark shape, shortened)
-  worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {300}, {256}, 0}, 99));
-  ++shapes;
-  // nothing but the sink
-  worst = std::max(worst, RunCase({128, 1, 4, 1, {40}, {0}, {0}, 0}, 100));
-  ++shapes;
-  std::printf("split decode: %d shape sets, largest error %.3g of the row's max |o|\n", shapes,
-              worst);
+  std::printf("split decode: %d shape sets (%zu kernel variants), largest error %.3g of the row's "
+              "max |o|\n",
+              shapes, std::size(kVariants), worst);
 }
 
 TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
@@ -218,11 +241,35 @@ TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
 TEST(SplitDecodePlan, CoversEveryPage) {
   for (int pages : {0, 1, 7, 100, 2043}) {
     for (int batch : {1, 8, 32}) {
-      const SplitDecodePlan plan = PlanSplitDecode(batch, 8, 128, pages, 6, 132, 3);
-      EXPECT_GE(int64_t{plan.splits} * plan.pages_per_split, pages);
-      EXPECT_GT(plan.workspace_bytes, 0);
+      for (const SplitDecodeVariant& v : kVariants) {
+        for (PageEncoding e : {PageEncoding::kInt2Uniform, PageEncoding::kBf16}) {
+          const SplitDecodePlan plan = PlanSplitDecode(batch, 8, 128, pages, 6, 132, 3, e, v);
+          EXPECT_GE(int64_t{plan.splits} * plan.pages_per_split, pages);
+          EXPECT_LT(int64_t{plan.splits - 1} * plan.pages_per_split, std::max(pages, 1));
+          EXPECT_GT(plan.workspace_bytes, 0);
+          if (e == PageEncoding::kBf16 && v.bf16_tensor_cores && v.bf16_max_pages_per_split > 0) {
+            EXPECT_LE(plan.pages_per_split, std::max(v.bf16_max_pages_per_split,
+                                                     (pages + 511) / 512));
+          }
+        }
+      }
     }
   }
+}
+
+TEST(SplitDecodePlan, WindowPagesInTheHistoryLaunchShareItsWave) {
+  // Batch 1, 8 KV heads, 128K tokens: 6 window pages per head run as CTAs of the same launch,
+  // so the history takes fewer ranges to stay within one wave of 132 x 3 CTAs.
+  const SplitDecodePlan fused = PlanSplitDecode(1, 8, 128, 2043, 6, 132, 3);
+  const SplitDecodePlan apart = PlanSplitDecode(1, 8, 128, 2043, 6, 132, 3,
+                                                PageEncoding::kInt2Uniform, {.fuse_window = false});
+  EXPECT_TRUE(fused.fused_window);
+  EXPECT_FALSE(apart.fused_window);
+  EXPECT_LE(8 * (fused.splits + 6), 132 * 3);
+  EXPECT_LE(8 * apart.splits, 132 * 3);
+  EXPECT_LT(fused.splits, apart.splits);
+  // Batch 8: 384 window CTAs would take a whole wave; they get a launch of their own.
+  EXPECT_FALSE(PlanSplitDecode(8, 8, 128, 2043, 6, 132, 3).fused_window);
 }
 
 }  // namespace

@@ -1,0 +1,234 @@
+#pragma once
+
+// BF16 pages on tensor cores, for split decode (included by split_decode.cu only): a CTA of 4
+// warps attends a range of BF16 pages of one (sequence, KV head), the pages streamed through
+// shared memory by cp.async, `Stages` pages in flight. Each warp takes 16 of a page's 64 tokens
+// and runs both products as mma.m16n8k16 in bf16 with fp32 accumulators, the G <= 8 query heads
+// on the n = 8 side, as the INT2 kernel does:
+//   Sᵀ[16 tokens x heads] = K[16 tokens x dims] · Qᵀ      (A = K rows, ldmatrix)
+//   Oᵀ[dims x heads]     += Vᵀ[dims x 16 tokens] · Pᵀ     (A = V rows, ldmatrix.trans)
+// Rows of K and V are staged with their 16-byte chunks XOR-swizzled by (row % 8), so the eight
+// row addresses of every ldmatrix phase fall in eight different bank groups. Each warp keeps
+// its own online softmax; the warps combine at the end (CombineWarps).
+
+#include "kernels/cuda/ptx.cuh"
+#include "kernels/cuda/split_decode.h"
+#include "kernels/cuda/split_decode_common.cuh"
+
+namespace kvstrata::kernels::split {
+
+// Bytes one BF16 page (one layer, one KV head) takes in shared memory: K rows then V rows.
+template <int D>
+constexpr int kBf16StageBytes = 2 * kPageTokens * D * 2;
+
+// Byte offset of chunk `ch` (16 bytes) of row `row` in a staged K or V block.
+template <int D>
+__device__ __forceinline__ int SwizzledChunk(int row, int ch) {
+  return row * (2 * D) + ((ch ^ (row & 7)) << 4);
+}
+
+// All threads of the CTA: cp.async of page `page` of `seg` (sequence b, this layer, KV head h)
+// into `stage`; rows past the page's tokens are zero-filled. The caller commits the group.
+template <int D>
+__device__ __forceinline__ void StageBf16Page(const SplitDecodeCudaParams& p,
+                                              const PagedSegmentView& seg, int b, int page, int h,
+                                              uint8_t* stage) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const int tokens = page + 1 == seg.num_pages(b) ? seg.last_page_len[b] : kPageTokens;
+  const int64_t slot = seg.indices[seg.indptr[b] + page];
+  const uint8_t* base = seg.pool + slot * seg.slot_stride;
+#pragma unroll
+  for (int kind = 0; kind < 2; ++kind) {
+    const uint8_t* src = base + BlockOffset(p.geometry, PageEncoding::kBf16, p.layer, kind, h);
+    uint8_t* dst = stage + kind * (kPageTokens * 2 * D);
+#pragma unroll
+    for (int j = 0; j < kPageTokens * kChunks / kThreads; ++j) {
+      const int c = threadIdx.x + j * kThreads;
+      const int row = c / kChunks, ch = c % kChunks;
+      ptx::CpAsync16(dst + SwizzledChunk<D>(row, ch), src + c * 16, row < tokens ? 16u : 0u);
+    }
+  }
+}
+
+// One warp's online-softmax state. Columns are the heads 2t, 2t+1 of lane (g, t).
+template <int D>
+struct Bf16WarpState {
+  float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, heads 2t | 2t+1)
+  float m[2], l[2];    // running max (log2 units) and Σp (this thread's rows only)
+};
+
+// The warp's 16 tokens of one staged page. bq: Q's B fragments (unscaled bf16), qscale the
+// softmax scale in log2 units, tokens the page's valid tokens.
+template <int D>
+__device__ __forceinline__ void Bf16PageTokens(Bf16WarpState<D>& st, const uint8_t* stage,
+                                               int warp, int lane, int tokens,
+                                               const uint32_t (&bq)[D / 16][2], float qscale) {
+  const int g = lane >> 2;
+  const uint8_t* kb = stage;
+  const uint8_t* vb = stage + kPageTokens * 2 * D;
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  {
+    // A of K: matrices (tokens 0-7 | 8-15) x (dims 0-7 | 8-15) of each 16-dim step.
+    const int row = 16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int hi = (lane >> 4) & 1;
+#pragma unroll
+    for (int step = 0; step < D / 16; ++step) {
+      uint32_t a[4];
+      ptx::LdMatrixX4(a, kb + SwizzledChunk<D>(row, 2 * step + hi));
+      ptx::MmaBf16(s, a, bq[step][0], bq[step][1]);
+    }
+  }
+  // s[e]: token 16·warp + g + 8·(e / 2) of the page, head 2t + e % 2.
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int tok = 16 * warp + g + 8 * (e >> 1);
+    s[e] = tok < tokens ? s[e] * qscale : -INFINITY;
+  }
+  float alpha[2], mu[2];
+  bool moved = false;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+    float mx = fmaxf(s[col], s[col + 2]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(st.m[col], mx);
+    moved |= m_new != st.m[col];
+    // A warp whose tokens are all past the page's end sees only -inf: weights 0, no rescale.
+    mu[col] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[col] = ptx::Exp2(st.m[col] - mu[col]);  // 0 on the first page (m = -inf)
+    st.m[col] = m_new;
+  }
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      st.l[col] *= alpha[col];
+#pragma unroll
+      for (int mb = 0; mb < D / 16; ++mb) {
+        st.o[mb][col] *= alpha[col];
+        st.o[mb][col + 2] *= alpha[col];
+      }
+    }
+  }
+  float pr[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    pr[e] = ptx::Exp2(s[e] - mu[e & 1]);
+    st.l[e & 1] += pr[e];
+  }
+  // Pᵀ as the B operand: (tokens 2t, 2t+1 | 2t+8, 2t+9 ; head g).
+  const uint32_t b0 = ptx::Transpose8x8(ptx::PackBf162(pr[0], pr[1]));
+  const uint32_t b1 = ptx::Transpose8x8(ptx::PackBf162(pr[2], pr[3]));
+  {
+    // A of Vᵀ: matrices (dims 0-7 | 8-15) x (tokens 0-7 | 8-15), read transposed from V rows.
+    const int row = 16 * warp + (lane & 7) + ((lane >> 4) & 1) * 8;
+    const int hi = (lane >> 3) & 1;
+#pragma unroll
+    for (int mb = 0; mb < D / 16; ++mb) {
+      uint32_t a[4];
+      ptx::LdMatrixX4Trans(a, vb + SwizzledChunk<D>(row, 2 * mb + hi));
+      ptx::MmaBf16(st.o[mb], a, b0, b1);
+    }
+  }
+}
+
+// The whole CTA: pages [begin, end) of `seg` for (sequence b, KV head h), written as the
+// partial (o, lse) of workspace row row0. `smem` holds Stages staged pages (Stages >= 2; with
+// one page only the first stage is touched) and, after the loop, the warps' outputs.
+template <int D, int Stages>
+__device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
+                                              const PagedSegmentView& seg, int b, int h,
+                                              int begin, int end, uint8_t* smem, int64_t row0,
+                                              const Workspace& ws) {
+  static_assert(Stages >= 2, "the pipeline waits for all but Stages - 2 groups");
+  static_assert(kWarps * kMaxGroup * D * 4 <= kBf16StageBytes<D>, "warp outputs fit a stage");
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int G = p.num_q_heads / p.geometry.num_kv_heads;
+  const int npages = seg.num_pages(b);
+  const int n = max(0, min(end, npages) - begin);
+
+  for (int i = 0; i < Stages - 1; ++i) {
+    if (i < n) {
+      StageBf16Page<D>(p, seg, b, begin + i, h, smem + i * kBf16StageBytes<D>);
+    }
+    ptx::CpAsyncCommit();
+  }
+  // B fragments of Q: (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), straight from its bf16 pairs.
+  uint32_t bq[D / 16][2];
+  {
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(
+        p.q + (int64_t{b} * p.num_q_heads + h * G + min(g, G - 1)) * D);
+#pragma unroll
+    for (int step = 0; step < D / 16; ++step) {
+      bq[step][0] = g < G ? q[8 * step + t] : 0u;
+      bq[step][1] = g < G ? q[8 * step + 4 + t] : 0u;
+    }
+  }
+  const float qscale = p.sm_scale * kLog2e;
+  Bf16WarpState<D> st;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) st.m[col] = -INFINITY, st.l[col] = 0.0f;
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
+
+  for (int i = 0; i < n; ++i) {
+    ptx::CpAsyncWait<Stages - 2>();  // page i has landed (this thread's part of it)
+    __syncthreads();                 // ... every thread's, and page i - 1 is done with
+    const int next = i + Stages - 1;
+    if (next < n) {
+      StageBf16Page<D>(p, seg, b, begin + next, h,
+                                 smem + (next % Stages) * kBf16StageBytes<D>);
+    }
+    ptx::CpAsyncCommit();
+    const int page = begin + i;
+    const int tokens = page + 1 == npages ? seg.last_page_len[b] : kPageTokens;
+    Bf16PageTokens<D>(st, smem + (i % Stages) * kBf16StageBytes<D>, warp, lane, tokens, bq,
+                      qscale);
+  }
+  ptx::CpAsyncWait<0>();
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
+  }
+  __syncthreads();  // every warp is done with the stages
+  float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(smem);
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s_o[warp][2 * t + (e & 1)][16 * mb + g + 8 * (e >> 1)] = st.o[mb][e];
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      s_m[warp][2 * t + col] = st.m[col];
+      s_l[warp][2 * t + col] = st.l[col];
+    }
+  }
+  __syncthreads();
+  CombineWarps<D>(s_o, s_m, s_l, G, row0, ws);
+}
+
+// Window slot i of sequence b (its i-th sink page, then its recent pages) as one partial; a
+// slot past the sequence's window pages is written empty.
+template <int D>
+__device__ __forceinline__ void Bf16WindowSlot(const SplitDecodeCudaParams& p, const Workspace& ws,
+                                               int i, int h, int b, uint8_t* smem) {
+  const int G = p.num_q_heads / p.geometry.num_kv_heads;
+  const int n0 = p.segments[0].num_pages(b), n2 = p.segments[2].num_pages(b);
+  const int64_t row0 = PartialRow(ws, b, p.geometry.num_kv_heads, h, i);
+  if (i >= n0 + n2) {
+    for (int e = threadIdx.x; e < G * D; e += kThreads) {
+      ws.part_o[(row0 + e / D) * D + e % D] = 0.0f;
+      if (e % D == 0) ws.part_lse[row0 + e / D] = -INFINITY;
+    }
+    return;
+  }
+  const PagedSegmentView& seg = i < n0 ? p.segments[0] : p.segments[2];
+  const int page = i < n0 ? i : i - n0;
+  Bf16PageRange<D, 2>(p, seg, b, h, page, page + 1, smem, row0, ws);
+}
+
+}  // namespace kvstrata::kernels::split

@@ -1,0 +1,58 @@
+#pragma once
+
+// What the split decode kernels share (kernels/cuda/split_decode*.cu[h]): the CTA shape, the
+// workspace of partials, and the combine of a CTA's per-warp partials into one (o, lse).
+
+#include <cmath>
+#include <cstdint>
+
+namespace kvstrata::kernels::split {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxGroup = 8;
+constexpr int kPageTokens = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Workspace {
+  float* part_o;    // [batch][kv_heads][slots][kMaxGroup][D]
+  float* part_lse;  // [batch][kv_heads][slots][kMaxGroup]
+  int slots;        // window pages (sink, then recent) and then the history ranges
+  int window;       // the first `window` slots are BF16 pages
+};
+
+__device__ __forceinline__ int64_t PartialRow(const Workspace& ws, int b, int kv_heads, int h,
+                                              int slot) {
+  return ((int64_t{b} * kv_heads + h) * ws.slots + slot) * kMaxGroup;
+}
+
+// Combines the CTA's warps' partials and writes one slot's (o, lse): s_o[w][n][d] is warp w's
+// unnormalised output for head n, s_m[w][n] its running max (log2 units, -inf when it saw no
+// token) and s_l[w][n] its Σp. Every thread of the CTA calls it, after a __syncthreads().
+template <int D>
+__device__ __forceinline__ void CombineWarps(const float (*s_o)[kMaxGroup][D],
+                                             const float (*s_m)[kMaxGroup],
+                                             const float (*s_l)[kMaxGroup], int G, int64_t row0,
+                                             const Workspace& ws) {
+  for (int i = threadIdx.x; i < G * D; i += kThreads) {
+    const int n = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][n]);
+    float L = 0.0f, O = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        if (s_m[w][n] == -INFINITY) continue;
+        const float f = exp2f(s_m[w][n] - M);
+        L += f * s_l[w][n];
+        O += f * s_o[w][n][d];
+      }
+    }
+    ws.part_o[(row0 + n) * D + d] = L > 0.0f ? O / L : 0.0f;
+    if (d == 0) ws.part_lse[row0 + n] = L > 0.0f ? (M + log2f(L)) * kLn2 : -INFINITY;
+  }
+}
+
+}  // namespace kvstrata::kernels::split
