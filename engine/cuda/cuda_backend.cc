@@ -543,19 +543,18 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
     }
     last_logit_row.push_back(static_cast<int32_t>(logit_rows.size()) - 1);
   }
-  // A graph's split decode is planned for a history length: the batch's longest, rounded up to
+  // Split decode is planned for a history length: the batch's longest, rounded up to
   // 1/graph_history_buckets of the model's context, so a step replays the graph of its bucket;
   // planning for the whole context would spread a short history over a grid sized for the
-  // longest.
-  int history_bucket = 0;
-  if (graph) {
-    const int buckets = options_.graph_history_buckets;
-    const int step = std::max(1, (max_pages + buckets - 1) / buckets);
-    history_bucket = std::min(max_pages, std::max(1, (max_history + step - 1) / step) * step);
-    max_history = history_bucket;
-    max_window_pages = max_window;
-    max_len = c_len.empty() ? 0 : 1;
-  }
+  // longest. Launched steps plan the same way, so a batch's tokens do not depend on whether
+  // graphs are on (the split plan decides the order partials are summed in).
+  const int buckets = options_.graph_history_buckets;
+  const int bucket_step = std::max(1, (max_pages + buckets - 1) / buckets);
+  const int history_bucket =
+      std::min(max_pages, std::max(1, (max_history + bucket_step - 1) / bucket_step) * bucket_step);
+  max_history = history_bucket;
+  max_window_pages = max_window;
+  if (graph) max_len = c_len.empty() ? 0 : 1;
   meta_.Clear();
   const std::vector<int32_t> demote_count = {static_cast<int32_t>(demote_src.size())};
   const int64_t o_ids = meta_.Add(ids, cap(B)), o_pos = meta_.Add(positions, cap(B));
@@ -644,7 +643,7 @@ absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
     d.lse = nullptr;
     plan.decode_plan = kernels::PlanSplitDecode(plan.decode_items, cfg_.num_kv_heads,
                                                 cfg_.head_dim, max_history, max_window_pages,
-                                                num_sms_, decode_ctas_per_sm_);
+                                                num_sms_, decode_ctas_per_sm_, encodings[1]);
     if (plan.decode_plan.workspace_bytes > max_split_workspace_) {
       return absl::InternalError("split decode workspace too small for this batch");
     }
