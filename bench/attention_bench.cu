@@ -4,7 +4,12 @@
 // demotion kernels' cost per decode step and the device's copy bandwidth. One JSON object per
 // line on stdout. Synthetic data (random codes and scales); the kernels do not depend on values.
 //
+// The same split decode also runs over the BF16 cache format (every page BF16) beside it, and
+// each step of the kernel round runs side by side (kInt2Steps, kBf16Steps), for Qwen3-8B's
+// shape and the default model's (head_dim 64, 9 query / 3 KV heads).
+//
 //   kvstrata_bench_attention [--contexts 8192,32768,...] [--batches 1,8,32] [--iters N]
+//                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16]
 
 #include <cuda_runtime.h>
 
@@ -72,70 +77,50 @@ __global__ void FillBf16(uint16_t* p, int64_t n, uint32_t seed) {
   }
 }
 
-void Run(int batch, int context, int iters, int sms) {
-  const int layers = 36, kv_heads = 8, q_heads = 32, d = 128;
-  const KvGeometry g{layers, kv_heads, d, d, 64};
-  const SplitLayout layout;
-  const SplitSegments seg = SegmentsAt(layout, context);
-  const int hist_pages = static_cast<int>(seg.history / 64);
-  const int recent_pages = static_cast<int>((seg.recent + 63) / 64);
-  const int64_t int2_stride = PageBytes(g, PageEncoding::kInt2Uniform);
-  const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
-  uint8_t *int2_pool, *bf16_pool;
-  CHECK_CUDA(cudaMalloc(&int2_pool, int64_t{batch} * hist_pages * int2_stride + 256));
-  CHECK_CUDA(cudaMalloc(&bf16_pool, int64_t{batch} * (1 + recent_pages) * bf16_stride));
-  CHECK_CUDA(FillRandomInt2Pages(int2_pool, int2_stride, batch * hist_pages, g, 7, nullptr));
-  FillBf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(bf16_pool),
-                          int64_t{batch} * (1 + recent_pages) * bf16_stride / 2, 3);
-  // Page tables; pages of a sequence in a shuffled slot order, as a pool would give them.
-  std::vector<int32_t> hist_indptr{0}, hist_idx, sink_indptr{0}, sink_idx, rec_indptr{0}, rec_idx;
-  std::vector<int32_t> sink_last(batch, 64), hist_last(batch, 64), rec_last(batch);
-  for (int b = 0; b < batch; ++b) {
-    for (int p = 0; p < hist_pages; ++p)
-      hist_idx.push_back(
-          static_cast<int32_t>((int64_t{p} * batch + b) % (int64_t{batch} * hist_pages)));
-    hist_indptr.push_back(static_cast<int32_t>(hist_idx.size()));
-    sink_idx.push_back(b * (1 + recent_pages));
-    sink_indptr.push_back(static_cast<int32_t>(sink_idx.size()));
-    for (int p = 0; p < recent_pages; ++p) rec_idx.push_back(b * (1 + recent_pages) + 1 + p);
-    rec_indptr.push_back(static_cast<int32_t>(rec_idx.size()));
-    rec_last[b] = static_cast<int32_t>(seg.recent - 64 * (recent_pages - 1));
-  }
-  auto upload = [](const std::vector<int32_t>& v) {
-    int32_t* p;
-    CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(1, v.size()) * 4));
-    CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return p;
-  };
-  SplitDecodeCudaParams p;
-  uint16_t* q;
-  float *out, *lse;
-  CHECK_CUDA(cudaMalloc(&q, int64_t{batch} * q_heads * d * 2));
-  FillBf16<<<64, 256>>>(q, int64_t{batch} * q_heads * d, 11);
-  CHECK_CUDA(cudaMalloc(&out, int64_t{batch} * q_heads * d * 4));
-  CHECK_CUDA(cudaMalloc(&lse, int64_t{batch} * q_heads * 4));
-  p.q = q;
-  p.batch = batch;
-  p.num_q_heads = q_heads;
-  p.sm_scale = 1.0f / std::sqrt(128.0f);
-  p.geometry = g;
-  p.segments[0] = {bf16_pool,        bf16_stride,       upload(sink_indptr),
-                   upload(sink_idx), upload(sink_last), PageEncoding::kBf16};
-  p.segments[1] = {int2_pool,        int2_stride,       upload(hist_indptr),
-                   upload(hist_idx), upload(hist_last), PageEncoding::kInt2Uniform};
-  p.segments[2] = {bf16_pool,       bf16_stride,      upload(rec_indptr),
-                   upload(rec_idx), upload(rec_last), PageEncoding::kBf16};
-  p.out = out;
-  p.lse = lse;
-  const SplitDecodePlan plan =
-      PlanSplitDecode(batch, kv_heads, d, hist_pages, 1 + recent_pages, sms,
-                                               SplitDecodeCtasPerSm(d));
-  void* ws;
-  CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
+// The model shapes the benchmark measures: Qwen3-8B's attention and the default model's.
+struct Shape {
+  const char* name;
+  int q_heads, kv_heads, head_dim, layers;
+};
+constexpr Shape kShapes[] = {{"qwen3-8b", 32, 8, 128, 36}, {"smollm2-135m", 9, 3, 64, 30}};
 
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreate(&stream));
-  // One graph: the 36 layers' attention, as a decode step issues them.
+// The steps of this round, each one on top of the one before, measured side by side.
+struct Step {
+  const char* name;
+  SplitDecodeVariant variant;
+};
+constexpr SplitDecodeVariant kBefore = {.bf16_tensor_cores = false,
+                                        .fuse_window = false,
+                                        .parallel_merge = false,
+                                        .bf16_max_pages_per_split = 0};
+constexpr Step kInt2Steps[] = {
+    {"before: separate fp32 window kernel, one thread per channel merge", kBefore},
+    {"+ merge spread over the CTA", {.bf16_tensor_cores = false, .fuse_window = false}},
+    {"+ window pages on tensor cores", {.fuse_window = false}},
+    {"+ window pages in the history launch when few (default)", {}},
+};
+constexpr Step kBf16Steps[] = {
+    {"fp32 math (before)", kBefore},
+    {"tensor cores, ranges of any length", {.bf16_max_pages_per_split = 0}},
+    {"+ ranges of at most 64 pages (default)", {}},
+};
+
+std::vector<int32_t*> g_allocations;
+int32_t* Upload(const std::vector<int32_t>& v) {
+  int32_t* p;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(1, v.size()) * 4));
+  CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  g_allocations.push_back(p);
+  return p;
+}
+void FreeUploads() {
+  for (int32_t* p : g_allocations) cudaFree(p);
+  g_allocations.clear();
+}
+
+// Time per layer of `layers` launches (layers 0..layers-1) captured in one graph and replayed.
+double TimeLayers(SplitDecodeCudaParams p, const SplitDecodePlan& plan, void* ws, int layers,
+                  int iters, cudaStream_t stream) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -156,46 +141,150 @@ void Run(int batch, int context, int iters, int sms) {
   CHECK_CUDA(cudaEventSynchronize(e1));
   float ms;
   cudaEventElapsedTime(&ms, e0, e1);
-  const double us_per_layer = ms * 1e3 / (iters * layers);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms * 1e3 / (iters * layers);
+}
+
+// One layer's split cache for `batch` sequences of `context` tokens: BF16 sink and recent
+// pages, and a history of INT2 pages or (bf16_history) BF16 pages. Pages of a sequence sit in
+// a shuffled slot order, as a pool would give them.
+struct Cache {
+  SplitDecodeCudaParams p;
+  uint8_t *history_pool = nullptr, *bf16_pool = nullptr;
+  int history_pages = 0, recent_pages = 0;
+  SplitSegments seg;
+};
+
+Cache MakeCache(const Shape& s, int layers, int batch, int context, bool bf16_history) {
+  Cache c;
+  const KvGeometry g{layers, s.kv_heads, s.head_dim, s.head_dim, 64};
+  const SplitLayout layout;
+  c.seg = SegmentsAt(layout, context);
+  c.history_pages = static_cast<int>(c.seg.history / 64);
+  c.recent_pages = static_cast<int>((c.seg.recent + 63) / 64);
+  const PageEncoding history_encoding =
+      bf16_history ? PageEncoding::kBf16 : PageEncoding::kInt2Uniform;
+  const int64_t history_stride = PageBytes(g, history_encoding);
+  const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
+  CHECK_CUDA(cudaMalloc(&c.history_pool, int64_t{batch} * c.history_pages * history_stride + 256));
+  CHECK_CUDA(cudaMalloc(&c.bf16_pool, int64_t{batch} * (1 + c.recent_pages) * bf16_stride));
+  if (bf16_history) {
+    FillBf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(c.history_pool),
+                            int64_t{batch} * c.history_pages * history_stride / 2, 5);
+  } else {
+    CHECK_CUDA(FillRandomInt2Pages(c.history_pool, history_stride, batch * c.history_pages, g, 7,
+                                   nullptr));
+  }
+  FillBf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(c.bf16_pool),
+                          int64_t{batch} * (1 + c.recent_pages) * bf16_stride / 2, 3);
+  std::vector<int32_t> hist_indptr{0}, hist_idx, sink_indptr{0}, sink_idx, rec_indptr{0}, rec_idx;
+  std::vector<int32_t> sink_last(batch, 64), hist_last(batch, 64), rec_last(batch);
+  for (int b = 0; b < batch; ++b) {
+    for (int p = 0; p < c.history_pages; ++p)
+      hist_idx.push_back(
+          static_cast<int32_t>((int64_t{p} * batch + b) % (int64_t{batch} * c.history_pages)));
+    hist_indptr.push_back(static_cast<int32_t>(hist_idx.size()));
+    sink_idx.push_back(b * (1 + c.recent_pages));
+    sink_indptr.push_back(static_cast<int32_t>(sink_idx.size()));
+    for (int p = 0; p < c.recent_pages; ++p) rec_idx.push_back(b * (1 + c.recent_pages) + 1 + p);
+    rec_indptr.push_back(static_cast<int32_t>(rec_idx.size()));
+    rec_last[b] = static_cast<int32_t>(c.seg.recent - 64 * (c.recent_pages - 1));
+  }
+  SplitDecodeCudaParams& p = c.p;
+  uint16_t* q;
+  float *out, *lse;
+  CHECK_CUDA(cudaMalloc(&q, int64_t{batch} * s.q_heads * s.head_dim * 2));
+  FillBf16<<<64, 256>>>(q, int64_t{batch} * s.q_heads * s.head_dim, 11);
+  CHECK_CUDA(cudaMalloc(&out, int64_t{batch} * s.q_heads * s.head_dim * 4));
+  CHECK_CUDA(cudaMalloc(&lse, int64_t{batch} * s.q_heads * 4));
+  p.q = q;
+  p.batch = batch;
+  p.num_q_heads = s.q_heads;
+  p.sm_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  p.geometry = g;
+  p.segments[0] = {c.bf16_pool,       bf16_stride,       Upload(sink_indptr),
+                   Upload(sink_idx),  Upload(sink_last), PageEncoding::kBf16};
+  p.segments[1] = {c.history_pool,    history_stride,    Upload(hist_indptr),
+                   Upload(hist_idx),  Upload(hist_last), history_encoding};
+  p.segments[2] = {c.bf16_pool,       bf16_stride,       Upload(rec_indptr),
+                   Upload(rec_idx),   Upload(rec_last),  PageEncoding::kBf16};
+  p.out = out;
+  p.lse = lse;
+  return c;
+}
+
+void FreeCache(Cache& c) {
+  cudaFree(c.history_pool);
+  cudaFree(c.bf16_pool);
+  cudaFree(const_cast<uint16_t*>(c.p.q));
+  cudaFree(c.p.out);
+  cudaFree(c.p.lse);
+  FreeUploads();
+}
+
+void* Workspace(const SplitDecodePlan& plan) {
+  void* ws;
+  CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
+  return ws;
+}
+
+void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
+  Cache c = MakeCache(s, s.layers, batch, context, /*bf16_history=*/false);
+  SplitDecodeCudaParams& p = c.p;
+  const KvGeometry& g = p.geometry;
+  const int d = s.head_dim;
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  // Bytes one layer's attention must read: INT2 codes + scales of the history, BF16 windows.
+  const double hist_bytes = static_cast<double>(batch) * c.history_pages * 2 * s.kv_heads *
+                            BlockBytes(g, PageEncoding::kInt2Uniform);
+  const double window_bytes =
+      static_cast<double>(batch) * (c.seg.sink + c.seg.recent) * 2 * s.kv_heads * d * 2;
+  const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * s.q_heads * d * 2;
+  const double bf16_bytes = static_cast<double>(batch) * context * 2 * s.kv_heads * d * 2;
+  for (const Step& step : kInt2Steps) {
+    const SplitDecodePlan plan =
+        PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
+                        SplitDecodeCtasPerSm(d, PageEncoding::kInt2Uniform, step.variant),
+                        PageEncoding::kInt2Uniform, step.variant);
+    void* ws = Workspace(plan);
+    const double us = TimeLayers(p, plan, ws, s.layers, iters, stream);
+    cudaFree(ws);
+    std::printf(
+        "{\"kernel\": \"kvstrata-int2-split\", \"shape\": \"%s\", \"step\": \"%s\", \"batch\": %d, "
+        "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, "
+        "\"bf16_equivalent_bytes\": %.0f, \"splits\": %d, \"pages_per_split\": %d, "
+        "\"fused_window\": %s}\n",
+        s.name, step.name, batch, context, us, bytes, bytes / (us * 1e-6) / 1e12, bf16_bytes,
+        plan.splits, plan.pages_per_split, plan.fused_window ? "true" : "false");
+    std::fflush(stdout);
+  }
+  if (std::strcmp(s.name, "qwen3-8b") != 0) {
+    cudaStreamDestroy(stream);
+    FreeCache(c);
+    return;
+  }
   // The same with empty windows: the INT2 history kernel and the merge alone.
   double history_us = 0;
   {
     const std::vector<int32_t> zeros(batch + 1, 0);
     SplitDecodeCudaParams h = p;
-    h.segments[0].indptr = upload(zeros);
-    h.segments[2].indptr = upload(zeros);
-    const SplitDecodePlan hplan = PlanSplitDecode(batch, kv_heads, d, hist_pages, 0, sms,
-                                                SplitDecodeCtasPerSm(d));
-    cudaGraph_t hg;
-    cudaGraphExec_t hexec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int l = 0; l < layers; ++l) {
-      h.layer = l;
-      CHECK_CUDA(LaunchSplitDecode(h, hplan, ws, stream));
-    }
-    CHECK_CUDA(cudaStreamEndCapture(stream, &hg));
-    CHECK_CUDA(cudaGraphInstantiate(&hexec, hg, 0));
-    CHECK_CUDA(cudaGraphLaunch(hexec, stream));
-    cudaEventRecord(e0, stream);
-    for (int i = 0; i < iters; ++i) CHECK_CUDA(cudaGraphLaunch(hexec, stream));
-    cudaEventRecord(e1, stream);
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float hms;
-    cudaEventElapsedTime(&hms, e0, e1);
-    history_us = hms * 1e3 / (iters * layers);
-    cudaGraphExecDestroy(hexec);
-    cudaGraphDestroy(hg);
+    h.segments[0].indptr = Upload(zeros);
+    h.segments[2].indptr = Upload(zeros);
+    const SplitDecodePlan hplan =
+        PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 0, sms, SplitDecodeCtasPerSm(d));
+    void* ws = Workspace(hplan);
+    history_us = TimeLayers(h, hplan, ws, s.layers, iters, stream);
+    cudaFree(ws);
   }
-  // Bytes one layer's attention must read: INT2 codes + scales of the history, BF16 windows.
-  const double hist_bytes = static_cast<double>(batch) * hist_pages * 2 * kv_heads *
-                            BlockBytes(g, PageEncoding::kInt2Uniform);
-  const double window_bytes =
-      static_cast<double>(batch) * (seg.sink + seg.recent) * 2 * kv_heads * d * 2;
-  const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * q_heads * d * 2;
-  const double bf16_bytes = static_cast<double>(batch) * context * 2 * kv_heads * d * 2;
 
   // Append cost per decode step: every sequence's new token, all layers, one launch; and the
   // demotion of one page per sequence every 64 steps.
+  const int layers = s.layers, kv_heads = s.kv_heads;
+  const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
   const std::vector<int32_t> slot(batch, 0), row(batch, 5);
   uint16_t *knew, *vnew;
   float* rot;
@@ -211,22 +300,25 @@ void Run(int batch, int context, int iters, int sms) {
   ap.num_tokens = batch;
   ap.k_rotation = rot;
   ap.v_rotation = rot;
-  ap.slot = upload(slot);
-  ap.row = upload(row);
-  ap.bf16_pool = bf16_pool;
+  ap.slot = Upload(slot);
+  ap.row = Upload(row);
+  ap.bf16_pool = c.bf16_pool;
   ap.slot_stride = bf16_stride;
   ap.geometry = g;
   DemoteParams dp;
-  dp.bf16_pool = bf16_pool;
+  dp.bf16_pool = c.bf16_pool;
   dp.bf16_stride = bf16_stride;
-  dp.int2_pool = int2_pool;
-  dp.int2_stride = int2_stride;
+  dp.int2_pool = c.history_pool;
+  dp.int2_stride = PageBytes(g, PageEncoding::kInt2Uniform);
   std::vector<int32_t> src(batch), dst(batch);
-  for (int b = 0; b < batch; ++b) src[b] = b * (1 + recent_pages) + 1, dst[b] = b;
-  dp.src_slot = upload(src);
-  dp.dst_slot = upload(dst);
+  for (int b = 0; b < batch; ++b) src[b] = b * (1 + c.recent_pages) + 1, dst[b] = b;
+  dp.src_slot = Upload(src);
+  dp.dst_slot = Upload(dst);
   dp.num_pages = batch;
   dp.geometry = g;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
   CHECK_CUDA(AppendRotatedRows(ap, stream));
   CHECK_CUDA(DemotePages(dp, stream));
   cudaEventRecord(e0, stream);
@@ -241,31 +333,55 @@ void Run(int batch, int context, int iters, int sms) {
   CHECK_CUDA(cudaEventSynchronize(e1));
   float demote_ms;
   cudaEventElapsedTime(&demote_ms, e0, e1);
-
   std::printf(
-      "{\"kernel\": \"kvstrata-int2-split\", \"batch\": %d, \"context\": %d, \"us_per_layer\": "
-      "%.2f, "
-      "\"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, \"bf16_equivalent_bytes\": %.0f, \"splits\": "
-      "%d, "
-      "\"pages_per_split\": %d, \"append_us_per_step\": %.2f, \"demote_us_per_page_batch\": %.2f, "
-      "\"demote_us_per_step_amortised\": %.3f, \"history_only_us_per_layer\": %.2f, "
-      "\"history_only_tb_per_s\": %.3f}\n",
-      batch, context, us_per_layer, bytes, bytes / (us_per_layer * 1e-6) / 1e12, bf16_bytes,
-      plan.splits, plan.pages_per_split, append_ms * 1e3 / 20, demote_ms * 1e3 / 5,
-      demote_ms * 1e3 / 5 / 64, history_us, hist_bytes / (history_us * 1e-6) / 1e12);
+      "{\"kernel\": \"kvstrata-int2-history-only\", \"shape\": \"%s\", \"batch\": %d, "
+      "\"context\": %d, \"history_only_us_per_layer\": %.2f, \"history_only_tb_per_s\": %.3f, "
+      "\"append_us_per_step\": %.2f, \"demote_us_per_page_batch\": %.2f, "
+      "\"demote_us_per_step_amortised\": %.3f}\n",
+      s.name, batch, context, history_us, hist_bytes / (history_us * 1e-6) / 1e12,
+      append_ms * 1e3 / 20, demote_ms * 1e3 / 5, demote_ms * 1e3 / 5 / 64);
   std::fflush(stdout);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   cudaStreamDestroy(stream);
-  cudaFree(int2_pool);
-  cudaFree(bf16_pool);
-  cudaFree(ws);
-  cudaFree(q);
-  cudaFree(out);
-  cudaFree(lse);
   cudaFree(knew);
   cudaFree(vnew);
   cudaFree(rot);
+  FreeCache(c);
+}
+
+// The BF16 cache format (every page BF16) through the same split decode: the baseline the INT2
+// format is compared with end to end. As many distinct layers as fit in `budget` bytes (at
+// least 2, at most the model's), as torch's side gets.
+void RunBf16(const Shape& s, int batch, int context, int iters, int sms, double budget) {
+  const int pages = (context + 63) / 64;
+  const double layer_bytes = static_cast<double>(batch) * pages * 2 * s.kv_heads * 64 *
+                             s.head_dim * 2;
+  const int layers = static_cast<int>(std::max(2.0, std::min<double>(s.layers, budget / layer_bytes)));
+  Cache c = MakeCache(s, layers, batch, context, /*bf16_history=*/true);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  const int d = s.head_dim;
+  const double bytes = static_cast<double>(batch) * context * 2 * s.kv_heads * d * 2 +
+                       static_cast<double>(batch) * s.q_heads * d * 2;
+  for (const Step& step : kBf16Steps) {
+    const SplitDecodePlan plan =
+        PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
+                        SplitDecodeCtasPerSm(d, PageEncoding::kBf16, step.variant),
+                        PageEncoding::kBf16, step.variant);
+    void* ws = Workspace(plan);
+    const double us = TimeLayers(c.p, plan, ws, layers, iters, stream);
+    cudaFree(ws);
+    std::printf(
+        "{\"kernel\": \"kvstrata-bf16-paged\", \"shape\": \"%s\", \"step\": \"%s\", \"batch\": %d, "
+        "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, "
+        "\"distinct_layers\": %d, \"splits\": %d, \"pages_per_split\": %d}\n",
+        s.name, step.name, batch, context, us, bytes, bytes / (us * 1e-6) / 1e12, layers,
+        plan.splits, plan.pages_per_split);
+    std::fflush(stdout);
+  }
+  cudaStreamDestroy(stream);
+  FreeCache(c);
 }
 
 }  // namespace
@@ -275,6 +391,8 @@ int main(int argc, char** argv) {
   std::vector<int> contexts = {8192, 32768, 65536, 102400, 131072};
   std::vector<int> batches = {1, 8, 32};
   int iters = 20;
+  std::string shapes = "qwen3-8b,smollm2-135m", formats = "int2,bf16";
+  double budget_gb = 60;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--contexts"))
       contexts = kvstrata::kernels::ParseList(argv[i + 1]);
@@ -282,9 +400,16 @@ int main(int argc, char** argv) {
       batches = kvstrata::kernels::ParseList(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--iters"))
       iters = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--shapes"))
+      shapes = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--formats"))
+      formats = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--bf16_budget_gb"))
+      budget_gb = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr,
-                   "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N]\n",
+                   "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N] "
+                   "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16] [--bf16_budget_gb G]\n",
                    argv[i], argv[0]);
       return 2;
     }
@@ -298,7 +423,16 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("{\"device\": \"%s\", \"sms\": %d, \"l2_bytes\": %d, \"copy_tb_per_s\": %.3f}\n",
               prop.name, sms, prop.l2CacheSize, kvstrata::kernels::CopyBandwidth() / 1e12);
-  for (int b : batches)
-    for (int c : contexts) kvstrata::kernels::Run(b, c, iters, sms);
+  for (const auto& shape : kvstrata::kernels::kShapes) {
+    if (shapes.find(shape.name) == std::string::npos) continue;
+    for (int b : batches) {
+      for (int c : contexts) {
+        if (formats.find("int2") != std::string::npos)
+          kvstrata::kernels::RunInt2(shape, b, c, iters, sms);
+        if (formats.find("bf16") != std::string::npos)
+          kvstrata::kernels::RunBf16(shape, b, c, iters, sms, budget_gb * 1e9);
+      }
+    }
+  }
   return 0;
 }

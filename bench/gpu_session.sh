@@ -10,6 +10,9 @@
 #
 # pack prints the calls it needs. kernels: unpacks the binaries, keeps the first part of the
 # model, runs the kernel GPU tests. stage: keeps one more part.
+# attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
+#          BF16, every step of the kernel round side by side) and bench/torch_sdpa_bench.py
+#          (cuDNN and flash on the same shapes), in one call; bench/report.py makes the tables.
 # transport: joins the model, runs kvstrata_bench_transport and a cluster whose kvstore keeps
 #          pages in an HBM pool beside two GPU workers (carry as for engine).
 # engine:  joins the model (checked against its SHA-256), runs the CUDA engine test against the
@@ -19,7 +22,7 @@
 #          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bench/gpu_session.sh pack|kernels|stage N|engine|transport}
+step=${1:?usage: bench/gpu_session.sh pack|kernels|attention|stage N|engine|transport}
 work=/tmp/kvstrata-gpu
 out=${OUT:-bench-out}
 mkdir -p "$out"
@@ -40,6 +43,7 @@ case $step in
     model=${KVSTRATA_MODEL:-${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     ../shared/tools/device-pack build/bin/kvstrata build/bin/kvstrata-decode \
       build/bin/kvstrata-router build/bin/kvstrata-kvstore build/bin/kvstrata_bench_transport \
+      build/bin/kvstrata_bench_attention \
       build/tests/kernels/*_gpu_test build/tests/engine/engine_cuda_gpu_test >/dev/null
     strip -s .device/bin/* 2>/dev/null
     mkdir -p .devpack
@@ -48,7 +52,7 @@ case $step in
     # A transfer to that machine holds 64 MiB, the repository (~10 MB) included: the first
     # part travels with the binaries, the others one per call.
     rm -f .devpack/model.[0-9]*
-    first=$((36 << 20))
+    first=$((32 << 20))
     head -c "$first" "$model" >.devpack/model.0
     tail -c +$((first + 1)) "$model" | split -b $((40 << 20)) -d -a 1 --numeric-suffixes=1 - .devpack/model.
     sha256sum "$model" | cut -d' ' -f1 >.devpack/model.sha256
@@ -72,6 +76,12 @@ case $step in
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
     exit $status
+    ;;
+  attention)
+    source "$work/device/env.sh"
+    kvstrata_bench_attention "${@:2}" >"$out/kvstrata_attention.jsonl" || exit 1
+    python3 bench/torch_sdpa_bench.py >"$out/torch_attention.jsonl" || exit 1
+    python3 bench/report.py "$out"
     ;;
   stage)
     part=${2:?usage: bench/gpu_session.sh stage N}

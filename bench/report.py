@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Turns the JSON lines of bench/run_gpu_bench.sh into the markdown tables of docs/benchmarks.md.
+"""Turns the JSON lines of bench/gpu_session.sh attention (or bench/run_gpu_bench.sh) into the
+markdown tables of docs/benchmarks.md.
 
     bench/report.py DIR    (DIR holds kvstrata_attention.jsonl and torch_attention.jsonl)
 """
 import json
 import pathlib
 import sys
+
+SHAPES = {"qwen3-8b": "Qwen3-8B (32 query / 8 KV heads, head_dim 128)",
+          "smollm2-135m": "SmolLM2-135M, the default model (9 query / 3 KV heads, head_dim 64)"}
 
 
 def load(path):
@@ -17,48 +21,83 @@ def load(path):
     return rows
 
 
+def is_default(r):
+    return r.get("step", "").endswith("(default)")
+
+
 def main():
     d = pathlib.Path(sys.argv[1])
     ours = load(d / "kvstrata_attention.jsonl")
     torch = load(d / "torch_attention.jsonl")
     info = next(r for r in ours if "device" in r)
-    best = {}
+    copy = info["copy_tb_per_s"]
+    base = {}
     for r in torch:
-        if "us_per_layer" not in r:
-            continue
-        key = (r["batch"], r["context"])
-        best.setdefault(key, {})[r["kernel"]] = r
+        if "us_per_layer" in r:
+            base.setdefault((r.get("shape", "qwen3-8b"), r["batch"], r["context"]), {})[r["kernel"]] = r
+    fmt = lambda x: f"{x:.1f} µs" if x else "n/a"
+    ctx = lambda c: f"{c // 1024}K"
+
+    def torch_us(shape, r, kernel):
+        return base.get((shape, r["batch"], r["context"]), {}).get(kernel, {}).get("us_per_layer")
+
     print(f"Device: {info['device']}, {info['sms']} SMs, L2 {info['l2_bytes'] / 1e6:.0f} MB; "
-          f"device-to-device copy measured in the same run: {info['copy_tb_per_s']:.2f} TB/s "
-          "(read + write).\n")
-    print("| batch | context | kvstrata INT2 split | bytes read | bandwidth | history kernel alone | "
-          "cuDNN BF16 | flash BF16 | speed-up vs best BF16 |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in ours:
-        if "batch" not in r:
+          f"device-to-device copy measured in the same run: {copy:.2f} TB/s (read + write).\n")
+    history = {(r["shape"], r["batch"], r["context"]): r for r in ours
+               if r.get("kernel") == "kvstrata-int2-history-only"}
+    for shape, title in SHAPES.items():
+        rows = [r for r in ours if r.get("shape") == shape and is_default(r)]
+        if not rows:
             continue
-        key = (r["batch"], r["context"])
-        t = best.get(key, {})
-        cudnn = t.get("torch-cudnn_attention", {}).get("us_per_layer")
-        flash = t.get("torch-flash_attention", {}).get("us_per_layer")
-        candidates = [x for x in (cudnn, flash) if x]
-        speedup = min(candidates) / r["us_per_layer"] if candidates else float("nan")
-        fmt = lambda x: f"{x:.1f} µs" if x else "n/a"
-        print(f"| {r['batch']} | {r['context'] // 1024}K | {r['us_per_layer']:.1f} µs | "
-              f"{r['bytes_per_layer'] / 1e6:.1f} MB | {r['tb_per_s']:.2f} TB/s "
-              f"({100 * r['tb_per_s'] / info['copy_tb_per_s']:.0f}%) | "
-              f"{r['history_only_us_per_layer']:.1f} µs, {r['history_only_tb_per_s']:.2f} TB/s | "
-              f"{fmt(cudnn)} | {fmt(flash)} | **{speedup:.2f}x** |")
-    print("\n| batch | append (36 layers, one launch) per decode step | demotion of one page per "
-          "sequence (36 layers) | demotion amortised per step (every 64 steps) |")
-    print("|---:|---:|---:|---:|")
-    seen = set()
-    for r in ours:
-        if "batch" not in r or r["batch"] in seen:
-            continue
-        seen.add(r["batch"])
-        print(f"| {r['batch']} | {r['append_us_per_step']:.1f} µs | {r['demote_us_per_page_batch']:.0f} µs | "
-              f"{r['demote_us_per_step_amortised']:.1f} µs |")
+        print(f"#### {title}\n")
+        print("| batch | context | INT2 split | bandwidth | BF16 paged (ours) | cuDNN BF16 | "
+              "flash BF16 | INT2 vs best torch | our BF16 vs cuDNN |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        bf16 = {(r["batch"], r["context"]): r for r in rows if r["kernel"] == "kvstrata-bf16-paged"}
+        for r in rows:
+            if r["kernel"] != "kvstrata-int2-split":
+                continue
+            cudnn = torch_us(shape, r, "torch-cudnn_attention")
+            flash = torch_us(shape, r, "torch-flash_attention")
+            best = min([x for x in (cudnn, flash) if x] or [float("nan")])
+            b = bf16.get((r["batch"], r["context"]))
+            ours_bf16 = b["us_per_layer"] if b else None
+            bf16_ratio = f"{cudnn / ours_bf16:.2f}x" if cudnn and ours_bf16 else "n/a"
+            bw = (f"{ours_bf16 and b['tb_per_s']:.2f} TB/s" if b else "")
+            print(f"| {r['batch']} | {ctx(r['context'])} | {r['us_per_layer']:.1f} µs | "
+                  f"{r['tb_per_s']:.2f} TB/s ({100 * r['tb_per_s'] / copy:.0f}%) | "
+                  f"{fmt(ours_bf16)} ({bw}) | {fmt(cudnn)} | {fmt(flash)} | "
+                  f"**{best / r['us_per_layer']:.2f}x** | {bf16_ratio} |")
+        print()
+        steps = [r for r in ours if r.get("shape") == shape and "step" in r]
+        names = []
+        for r in steps:
+            if (r["kernel"], r["step"]) not in names:
+                names.append((r["kernel"], r["step"]))
+        keys = sorted({(r["batch"], r["context"]) for r in steps})
+        print("| kernel | step | " + " | ".join(f"b{b} {ctx(c)}" for b, c in keys) + " |")
+        print("|---|---|" + "---:|" * len(keys))
+        at = {(r["kernel"], r["step"], r["batch"], r["context"]): r for r in steps}
+        for kernel, step in names:
+            cells = []
+            for b, c in keys:
+                r = at.get((kernel, step, b, c))
+                cells.append(f"{r['us_per_layer']:.1f}" if r else "")
+            label = "INT2" if "int2" in kernel else "BF16"
+            print(f"| {label} | {step} | " + " | ".join(cells) + " |")
+        print()
+        if any(k[0] == shape for k in history):
+            print("| batch | context | INT2 history kernel + merge alone | append (all layers) per "
+                  "step | demotion of one page per sequence | demotion amortised per step |")
+            print("|---:|---:|---:|---:|---:|---:|")
+            for (s, b, c), r in sorted(history.items()):
+                if s != shape:
+                    continue
+                print(f"| {b} | {ctx(c)} | {r['history_only_us_per_layer']:.1f} µs, "
+                      f"{r['history_only_tb_per_s']:.2f} TB/s | {r['append_us_per_step']:.1f} µs | "
+                      f"{r['demote_us_per_page_batch']:.0f} µs | "
+                      f"{r['demote_us_per_step_amortised']:.1f} µs |")
+            print()
 
 
 if __name__ == "__main__":
