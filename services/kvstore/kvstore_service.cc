@@ -193,8 +193,12 @@ absl::StatusOr<std::vector<PageKey>> ParseKeys(
   std::vector<PageKey> out;
   out.reserve(keys.size());
   for (int i = 0; i < keys.size(); ++i) {
-    KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(keys[i], absl::StrCat(field, "[", i, "]")));
-    out.push_back(key);
+    // The field's name is formatted only for an error, not for each of a long prefix's keys.
+    absl::StatusOr<PageKey> key = PageKey::FromBytes(keys[i]);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: ", key.status().message()));
+    }
+    out.push_back(*key);
   }
   return out;
 }
@@ -618,7 +622,12 @@ absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::ParsePageRe
   refs.reserve(pages.size());
   for (int i = 0; i < pages.size(); ++i) {
     const v1::PageRef& ref = pages[i];
-    KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(ref.key(), absl::StrCat("pages[", i, "].key")));
+    absl::StatusOr<PageKey> parsed = PageKey::FromBytes(ref.key());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pages[", i, "].key: ", parsed.status().message()));
+    }
+    const PageKey& key = *parsed;
     const v1::PageEncoding e = ref.encoding();
     if (e == v1::PAGE_ENCODING_BF16_RECENT) {
       refs.emplace_back(key, true);

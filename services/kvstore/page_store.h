@@ -263,7 +263,13 @@ class PageStore {
 
   void ExpireLeasesLocked(absl::Time now);
   void DropLeaseLocked(uint64_t lease_id);
-  void TouchLocked(const PageKey& key, Entry& entry);
+  // Pages by last use: (last_use, key).
+  using UseOrder = std::set<std::pair<uint64_t, PageKey>>;
+  // Marks a use of the page (the LRU orders). `fast_hint`, for pages touched in chain order:
+  // where the next page's place in fast_lru_ probably is (right after this one's, when the run
+  // was last touched in the same order), so a long run needs no search per page; start it at
+  // fast_lru_.end(), and change fast_lru_ in no other way while the run is being touched.
+  void TouchLocked(const PageKey& key, Entry& entry, UseOrder::iterator* fast_hint = nullptr);
   // Evicts LRU unpinned leaves (never `keep`) until `bytes` more fit in the host tier: leaves
   // with host bytes first, any leaf when none is left (which may turn a host page into a leaf).
   // Counts them in *evicted. `host_leaves_only`: never the fallback.
@@ -297,7 +303,7 @@ class PageStore {
   std::condition_variable events_cv_;
   absl::flat_hash_map<PageKey, Entry> entries_;
   // Every leaf (page with no stored child), leased or not, by last use: (last_use, key).
-  std::set<std::pair<uint64_t, PageKey>> leaves_;
+  UseOrder leaves_;
   absl::flat_hash_map<uint64_t, Lease> leases_;
   uint64_t next_lease_id_ = 1;
   uint64_t use_tick_ = 0;
@@ -310,7 +316,7 @@ class PageStore {
   // The fast tier: its memory, its ranges, and its entries by last use (demotion order).
   std::shared_ptr<TierMemory> fast_;
   std::optional<RangeAllocator> fast_ranges_;
-  std::set<std::pair<uint64_t, PageKey>> fast_lru_;
+  UseOrder fast_lru_;
   uint64_t fast_bytes_used_ = 0;
   uint64_t fast_forms_ = 0;
   uint64_t pinned_pages_ = 0;  // entries with pins > 0
