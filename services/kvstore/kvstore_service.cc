@@ -641,6 +641,39 @@ absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::ParsePageRe
   return refs;
 }
 
+absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::TransferRefs(
+    const v1::OpenTransferRequest& request) const {
+  if (!request.has_chain()) {
+    if (request.pages().empty()) return absl::InvalidArgumentError("pages: empty (and no chain)");
+    return ParsePageRefs(request.pages());
+  }
+  if (!request.pages().empty()) {
+    return absl::InvalidArgumentError("pages and chain: name the pages with one of them, not both");
+  }
+  const v1::PageChain& chain = request.chain();
+  KV_ASSIGN_OR_RETURN(PageKey last, ParseKey(chain.last_key(), "chain.last_key"));
+  KV_ASSIGN_OR_RETURN(PageKey first_parent,
+                      ParseKey(chain.first_parent_key(), "chain.first_parent_key"));
+  if (chain.page_count() == 0 || chain.page_count() > options_.max_keys_per_request) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chain.page_count: ", chain.page_count(),
+                     ", must be 1..max_keys_per_request=", options_.max_keys_per_request));
+  }
+  absl::StatusOr<std::vector<PageKey>> keys =
+      store_->ChainEndingAt(last, chain.page_count(), first_parent);
+  if (!keys.ok()) {
+    // InvalidArgument is a count no chain ending there can have; NotFound a miss.
+    const bool bad_count = keys.status().code() == absl::StatusCode::kInvalidArgument;
+    return absl::Status(
+        keys.status().code(),
+        absl::StrCat(bad_count ? "chain.page_count: " : "chain: ", keys.status().message()));
+  }
+  std::vector<FormRef> refs;
+  refs.reserve(keys->size());
+  for (const PageKey& key : *keys) refs.emplace_back(key, /*bf16_recent=*/false);
+  return refs;
+}
+
 // The transport both ends share, in the client's order: the pool needs a GPU tier on the
 // client's own GPU of the same host.
 v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& request) const {
@@ -665,8 +698,7 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
   if (grpc::Status s = CheckRole(*context, "OpenTransfer"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
-    KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, ParsePageRefs(request->pages()));
-    if (refs.empty()) return absl::InvalidArgumentError("pages: empty");
+    KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, TransferRefs(*request));
     v1::Transport transport = ChooseTransport(*request);
     if (transport == v1::TRANSPORT_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -685,8 +717,12 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
     response->set_lease_id(pin.lease_id);
     if (!pin.missing_indices.empty()) {
       if (request->lease_id() == 0) store_->Release(pin.lease_id);
-      return absl::NotFoundError(absl::StrCat("page ", keys[pin.missing_indices[0]].ToHex(),
-                                              " (pages[", pin.missing_indices[0], "]) is absent"));
+      const uint32_t missing = pin.missing_indices[0];
+      return absl::NotFoundError(
+          absl::StrCat("page ", keys[missing].ToHex(),
+                       request->has_chain() ? absl::StrCat(" (page ", missing, " of the chain)")
+                                            : absl::StrCat(" (pages[", missing, "])"),
+                       " is absent"));
     }
     if (transport == v1::TRANSPORT_SAME_GPU_POOL) {
       absl::StatusOr<std::vector<FastTierPlacement>> placed =

@@ -214,6 +214,45 @@ absl::StatusOr<LookupResult> PageStore::Lookup(const std::vector<PageKey>& keys,
   return result;
 }
 
+absl::StatusOr<std::vector<PageKey>> PageStore::ChainEndingAt(const PageKey& last_key,
+                                                              uint32_t page_count,
+                                                              const PageKey& first_parent) {
+  if (page_count == 0) return absl::InvalidArgumentError("page_count must be at least 1");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(last_key);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("page ", last_key.ToHex(), " is absent"));
+  }
+  const uint32_t last_index = it->second.primary.meta.page_index;
+  if (page_count > last_index + uint64_t{1}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_count=", page_count, ", but page ", last_key.ToHex(), " is page_index ", last_index,
+        ": a chain ending there has ", last_index + uint64_t{1}, " pages"));
+  }
+  // Filled from the back: keys[i] is page last_index - (page_count - 1) + i.
+  std::vector<PageKey> keys(page_count);
+  keys[page_count - 1] = last_key;
+  for (uint32_t i = page_count - 1; i > 0; --i) {
+    const PageMeta& child = it->second.primary.meta;
+    it = entries_.find(child.parent_key);
+    // The store keeps only whole chains, so a missing parent or an index out of step means
+    // pages stored with inconsistent headers: a miss for the caller, never a crash.
+    if (it == entries_.end() || it->second.primary.meta.page_index + 1 != child.page_index) {
+      return absl::NotFoundError(
+          absl::StrCat("the parent of page ", child.key.ToHex(), " (page_index ", child.page_index,
+                       ") is not in the store as page_index ", child.page_index - 1));
+    }
+    keys[i - 1] = child.parent_key;
+  }
+  const PageMeta& first = it->second.primary.meta;
+  if (first.parent_key != first_parent) {
+    return absl::NotFoundError(absl::StrCat(
+        "the run of ", page_count, " pages ending at page ", last_key.ToHex(),
+        " starts after page ", first.parent_key.ToHex(), ", not after ", first_parent.ToHex()));
+  }
+  return keys;
+}
+
 absl::StatusOr<PinResult> PageStore::Pin(const std::vector<PageKey>& keys, absl::Duration ttl,
                                          uint64_t lease_id) {
   std::lock_guard<std::mutex> lock(mu_);

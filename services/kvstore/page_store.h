@@ -194,6 +194,16 @@ class PageStore {
   // lease_ttl > 0 and at least one hit, pins the hits under a new lease (errors as Pin).
   absl::StatusOr<LookupResult> Lookup(const std::vector<PageKey>& keys, absl::Duration lease_ttl);
 
+  // The keys of the `page_count` consecutive pages that end with `last_key`, first page first,
+  // found by walking the parent links back from it; the first page's parent must be
+  // `first_parent` (the namespace key for a run from page 0). Read-only: it neither touches nor
+  // pins (a page may go before the caller pins it; Pin then reports it missing).
+  // InvalidArgument when page_count is 0 or more than the last page's page_index + 1 (no chain
+  // ending there is that long); NotFound when last_key is absent or the links do not confirm the
+  // run (a parent absent, a page_index out of step, another first parent): each names the page.
+  absl::StatusOr<std::vector<PageKey>> ChainEndingAt(const PageKey& last_key, uint32_t page_count,
+                                                     const PageKey& first_parent);
+
   // Creates (lease_id 0) or extends a lease and adds the present keys to it. InvalidArgument
   // for a ttl <= 0 or above max_lease_ttl; NotFound for an unknown or expired lease_id;
   // ResourceExhausted at max_leases.
