@@ -23,8 +23,9 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -178,13 +179,12 @@ class DecodeService final : public GenerationService {
   };
   FetchedPrefix FetchCachedPrefix(const std::string& request_id, const PageKey& namespace_key,
                                   const std::vector<PageKey>& keys, size_t skip);
-  // The same-GPU pool's pages for `refs`, under `lease_id`; nullopt when the store answers
-  // another transport or anything fails (then Fetch).
-  // `first_parent` is the parent of refs[0]'s page, whose index is `first_index`.
+  // The same-GPU pool's pages for `keys` (primary forms, consecutive pages of one chain), under
+  // `lease_id`; nullopt when the store answers another transport or anything fails (then
+  // Fetch). `first_parent` is the parent of keys[0]'s page, whose index is `first_index`.
   std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
-      kvstore::KvStoreClient* client, const std::string& request_id,
-      const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, const PageKey& first_parent,
-      int64_t first_index, uint64_t lease_id);
+      kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
+      const PageKey& first_parent, int64_t first_index, uint64_t lease_id);
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
@@ -221,6 +221,7 @@ class DecodeService final : public GenerationService {
   std::mutex ring_mu_;
   std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore
   std::unique_ptr<SameGpuPools> same_gpu_;
+  std::atomic<bool> chain_fallback_logged_{false};
 
   mutable std::mutex mu_;
   std::condition_variable engine_cv_;
