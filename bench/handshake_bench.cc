@@ -9,6 +9,7 @@
 //   build      the client filling the request (part of rpc)
 //   req ser    serialising the request      req parse  parsing it (what the server does)
 //   handler    the service's handler called directly (refs, lease, placement, the answer)
+//   walk       PageStore::ChainEndingAt (the chain form only)
 //   pin        PageStore::Pin of the keys    place      PageStore::PlaceInFastTier
 //   ans ser    serialising the answer       ans parse  parsing it (what the client does)
 // Each lease is released outside the timed part. The pages are small (1 layer, 1 KV head): the
@@ -79,8 +80,9 @@ PageKey ChainKey(uint32_t i) {
   return key;
 }
 
-// The request forms a worker can send.
-enum class Form { kKeysSegments, kKeysCompact };
+// The request forms a worker can send: every key (answered with page headers, or compact
+// arrays), or the chain (its last key and a count; compact arrays), what decode workers send.
+enum class Form { kKeysSegments, kKeysCompact, kChain };
 
 const char* FormName(Form form) {
   switch (form) {
@@ -88,6 +90,8 @@ const char* FormName(Form form) {
       return "keys, segments";
     case Form::kKeysCompact:
       return "keys, compact";
+    case Form::kChain:
+      return "chain, compact";
   }
   return "?";
 }
@@ -148,6 +152,14 @@ int Run() {
         request.set_compact(form == Form::kKeysCompact);
         for (int i = 0; i < n; ++i) request.add_pages()->set_key(chain[i].meta.key.ToBytes());
         break;
+      case Form::kChain: {
+        request.set_compact(true);
+        v1::PageChain* c = request.mutable_chain();
+        c->set_last_key(chain[n - 1].meta.key.ToBytes());
+        c->set_page_count(static_cast<uint32_t>(n));
+        c->set_first_parent_key(ns.ToBytes());
+        break;
+      }
     }
     return request;
   };
@@ -157,10 +169,10 @@ int Run() {
 
   printf("bench-handshake: %d pages in the store's fast tier (host memory), %d rounds, medians\n",
          max_pages, rounds);
-  printf("%6s %-16s %8s | %8s %8s %9s %8s %8s %8s %8s %9s | %7s %7s\n", "pages", "form",
-         "rpc ms", "build", "req ser", "req parse", "handler", "pin", "place", "ans ser",
+  printf("%6s %-16s %8s | %8s %8s %9s %8s %8s %8s %8s %8s %9s | %7s %7s\n", "pages", "form",
+         "rpc ms", "build", "req ser", "req parse", "handler", "walk", "pin", "place", "ans ser",
          "ans parse", "req KB", "ans KB");
-  const Form forms[] = {Form::kKeysSegments, Form::kKeysCompact};
+  const Form forms[] = {Form::kKeysSegments, Form::kKeysCompact, Form::kChain};
   for (int n : lengths) {
     std::vector<PageKey> keys;
     std::vector<std::pair<PageKey, bool>> refs;
@@ -212,6 +224,9 @@ int Run() {
             lease = r.lease_id();
           },
           release);
+      const double walk_ms = form != Form::kChain ? 0 : Time(rounds, [&] {
+        KV_CHECK(store.ChainEndingAt(chain[n - 1].meta.key, n, ns).ok());
+      });
       const double pin_ms = Time(
           rounds,
           [&] {
@@ -232,9 +247,10 @@ int Run() {
         v1::OpenTransferResponse parsed;
         KV_CHECK(parsed.ParseFromString(answer_wire));
       });
-      printf("%6d %-16s %8.3f | %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f %8.3f %9.3f | %7.1f %7.1f\n",
-             n, FormName(form), rpc_ms, build_ms, req_ser_ms, req_parse_ms, handler_ms, pin_ms,
-             place_ms, ans_ser_ms, ans_parse_ms, wire.size() / 1e3, answer_wire.size() / 1e3);
+      printf(
+          "%6d %-16s %8.3f | %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %9.3f | %7.1f %7.1f\n",
+          n, FormName(form), rpc_ms, build_ms, req_ser_ms, req_parse_ms, handler_ms, walk_ms,
+          pin_ms, place_ms, ans_ser_ms, ans_parse_ms, wire.size() / 1e3, answer_wire.size() / 1e3);
     }
   }
   const kvstore::PageStoreStats stats = store.Stats();
