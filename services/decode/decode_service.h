@@ -55,6 +55,11 @@ struct DecodeServiceOptions {
   // The CUDA device the engine runs on, or -1: with a device, kvstores on the same GPU are asked
   // for the same-GPU transport (their HBM pool mapped here, pages copied GPU to GPU).
   int same_gpu_device = -1;
+  // With page MACs (kvstore_client.page_mac_keys) the same-GPU transport is off: its pages are
+  // checked by digest, which whoever can write the store's pool could forge. True keeps it on,
+  // trusting the kvstore on this GPU (one that shares this host and a socket folder with the
+  // worker: in Kubernetes, the one in the worker's pod); pages by gRPC are MAC-checked still.
+  bool same_gpu_with_page_macs = false;
   // Capacity of the local page tier in bytes; 0 = no local tier.
   int64_t local_cache_bytes = int64_t{256} << 20;
   // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
