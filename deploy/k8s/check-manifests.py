@@ -11,7 +11,7 @@
    the non-root security context; the grace period covers --shutdown_grace_ms; every workload
    has a PodDisruptionBudget selecting it; references (ConfigMaps and their keys, Service
    selectors and ports, HPA targets, monitors) resolve; KVSTORE_ADDRESSES names every kvstore
-   pod; nvidia.com/gpu only where --gpu says.
+   pod; nvidia.com/gpu only where --gpu says, and a worker given a GPU runs on it.
 
 Prints one line per problem and exits 1 if there is any. Needs PyYAML and kubernetes-validate.
 """
@@ -186,14 +186,31 @@ def check_references(c, obj, pod, configmaps):
             c.fail(obj, f"volume {v['name']}: no ConfigMap {cm['name']}")
 
 
+def binary_of(ctr):
+    """The kvstrata binary a container runs: command[0], or the $0 of a `sh -c SCRIPT NAME`."""
+    cmd = ctr.get("command") or []
+    if len(cmd) >= 4 and cmd[0].endswith("sh") and cmd[1] == "-c":
+        return cmd[3]
+    return cmd[0].rsplit("/", 1)[-1] if cmd else None
+
+
+def asks_gpu(ctr):
+    res = ctr.get("resources") or {}
+    return {k: "nvidia.com/gpu" in (res.get(k) or {}) for k in ("requests", "limits")}
+
+
 def check_gpu(c, obj, pod, component, gpu):
     for ctr in pod.get("containers") or []:
-        res = ctr.get("resources") or {}
-        has = {k: "nvidia.com/gpu" in (res.get(k) or {}) for k in ("requests", "limits")}
+        has = asks_gpu(ctr)
         if gpu and component in GPU_COMPONENTS and not all(has.values()):
             c.fail(obj, f"container {ctr['name']}: nvidia.com/gpu requests and limits expected")
         if not gpu and any(has.values()):
             c.fail(obj, f"container {ctr['name']}: nvidia.com/gpu outside the GPU overlay")
+        device = arg_value(ctr.get("args"), "device") or ""
+        if binary_of(ctr) == "kvstrata-decode" and any(has.values()) and \
+                not device.startswith("cuda"):
+            c.fail(obj, f"container {ctr['name']}: given a GPU but not --device=cuda "
+                        "(the worker would run on the CPU)")
 
 
 def check_kvstore_addresses(c, objs, configmaps):
