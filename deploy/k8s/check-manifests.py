@@ -2,6 +2,7 @@
 """Checks rendered kvstrata manifests offline: schemas and the project's deployment rules.
 
   kubectl kustomize deploy/k8s/overlays/gpu | deploy/k8s/check-manifests.py --gpu -
+  kubectl kustomize deploy/k8s/overlays/gpu-shared | deploy/k8s/check-manifests.py --gpu --same-gpu -
 
 1. Every object validates against the Kubernetes JSON schemas of --kubernetes-version, strictly
    (an unknown field is an error), with the kubernetes-validate package (deploy/k8s/
@@ -11,12 +12,19 @@
    the non-root security context; the grace period covers --shutdown_grace_ms; every workload
    has a PodDisruptionBudget selecting it; references (ConfigMaps and their keys, Service
    selectors and ports, HPA targets, monitors) resolve; KVSTORE_ADDRESSES names every kvstore
-   pod; nvidia.com/gpu only where --gpu says.
+   pod; nvidia.com/gpu only where --gpu says, and a worker given a GPU runs on it.
+3. With --same-gpu (overlays/gpu-shared), what the same-GPU transport needs of a pod that runs a
+   kvstore and a decode worker: one GPU, asked for by one container and shown to the other
+   (NVIDIA_VISIBLE_DEVICES); both on CUDA; the store's --pool_socket folder an emptyDir that
+   the worker mounts at the same path (the store answers the path, the worker dials it); the
+   transport not turned off (--same_gpu_transport, or page MACs without
+   --same_gpu_with_page_macs).
 
 Prints one line per problem and exits 1 if there is any. Needs PyYAML and kubernetes-validate.
 """
 
 import argparse
+import posixpath
 import re
 import sys
 
@@ -186,14 +194,101 @@ def check_references(c, obj, pod, configmaps):
             c.fail(obj, f"volume {v['name']}: no ConfigMap {cm['name']}")
 
 
+def binary_of(ctr):
+    """The kvstrata binary a container runs: command[0], or the $0 of a `sh -c SCRIPT NAME`."""
+    cmd = ctr.get("command") or []
+    if len(cmd) >= 4 and cmd[0].endswith("sh") and cmd[1] == "-c":
+        return cmd[3]
+    return cmd[0].rsplit("/", 1)[-1] if cmd else None
+
+
+def asks_gpu(ctr):
+    res = ctr.get("resources") or {}
+    return {k: "nvidia.com/gpu" in (res.get(k) or {}) for k in ("requests", "limits")}
+
+
+def is_gpu_cell(pod):
+    """A pod that runs a kvstore and a decode worker side by side (overlays/gpu-shared)."""
+    binaries = {binary_of(ctr) for ctr in pod.get("containers") or []}
+    return {"kvstrata-kvstore", "kvstrata-decode"} <= binaries
+
+
 def check_gpu(c, obj, pod, component, gpu):
+    cell = is_gpu_cell(pod)  # one GPU for the pod: check_same_gpu checks who asks for it
     for ctr in pod.get("containers") or []:
-        res = ctr.get("resources") or {}
-        has = {k: "nvidia.com/gpu" in (res.get(k) or {}) for k in ("requests", "limits")}
-        if gpu and component in GPU_COMPONENTS and not all(has.values()):
+        has = asks_gpu(ctr)
+        if gpu and component in GPU_COMPONENTS and not cell and not all(has.values()):
             c.fail(obj, f"container {ctr['name']}: nvidia.com/gpu requests and limits expected")
         if not gpu and any(has.values()):
             c.fail(obj, f"container {ctr['name']}: nvidia.com/gpu outside the GPU overlay")
+        device = arg_value(ctr.get("args"), "device") or ""
+        if binary_of(ctr) == "kvstrata-decode" and any(has.values()) and \
+                not device.startswith("cuda"):
+            c.fail(obj, f"container {ctr['name']}: given a GPU but not --device=cuda "
+                        "(the worker would run on the CPU)")
+
+
+def check_same_gpu(c, workloads):
+    cells = 0
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        if not is_gpu_cell(pod):
+            continue
+        cells += 1
+        ctrs = pod.get("containers") or []
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        stores = [x for x in ctrs if binary_of(x) == "kvstrata-kvstore"]
+        workers = [x for x in ctrs if binary_of(x) == "kvstrata-decode"]
+        if len(stores) != 1:
+            c.fail(w, f"{len(stores)} kvstore containers in one pod (one pool, one store)")
+            continue
+        store = stores[0]
+        asking = [x for x in ctrs if any(asks_gpu(x).values())]
+        if len(asking) != 1:
+            c.fail(w, f"{len(asking)} containers ask for nvidia.com/gpu: the device plugin gives "
+                      "each its own GPU, so exactly one may ask and the others share it")
+        for x in asking:
+            res = x.get("resources") or {}
+            if any(str((res.get(k) or {}).get("nvidia.com/gpu")) != "1"
+                   for k in ("requests", "limits")):
+                c.fail(w, f"container {x['name']}: nvidia.com/gpu must be 1 in requests and "
+                          "limits (one GPU for the store and its workers)")
+        for x in ctrs:
+            if x in asking or binary_of(x) not in ("kvstrata-kvstore", "kvstrata-decode"):
+                continue
+            env = {e["name"]: e.get("value") for e in x.get("env") or []}
+            if env.get("NVIDIA_VISIBLE_DEVICES") in (None, "", "void", "none"):
+                c.fail(w, f"container {x['name']}: asks for no GPU and sets no "
+                          "NVIDIA_VISIBLE_DEVICES, so the runtime shows it none")
+        for x in [store] + workers:
+            if not (arg_value(x.get("args"), "device") or "").startswith("cuda"):
+                c.fail(w, f"container {x['name']}: --device=cuda expected (the same GPU)")
+        socket = arg_value(store.get("args"), "pool_socket")
+        if not socket:
+            c.fail(w, f"container {store['name']}: --pool_socket must be set (the default is "
+                      "in the store's own /tmp, which no other container sees)")
+            continue
+        folder = posixpath.dirname(socket)
+        mount = next((m for m in store.get("volumeMounts") or [] if m["mountPath"] == folder),
+                     None)
+        if mount is None or "emptyDir" not in volumes.get(mount["name"], {}):
+            c.fail(w, f"container {store['name']}: the --pool_socket folder {folder} must be an "
+                      "emptyDir volume mounted there")
+            continue
+        for x in workers:
+            who = f"container {x['name']}"
+            if not any(m["name"] == mount["name"] and m["mountPath"] == folder
+                       for m in x.get("volumeMounts") or []):
+                c.fail(w, f"{who}: must mount volume {mount['name']} at {folder}, where the "
+                          f"store's pool socket is (the store answers {socket} as the path)")
+            if (arg_value(x.get("args"), "same_gpu_transport") or "true") == "false":
+                c.fail(w, f"{who}: --same_gpu_transport=false turns the transport off")
+            if arg_value(x.get("args"), "page_mac_key_file") and \
+                    arg_value(x.get("args"), "same_gpu_with_page_macs") not in ("true", "1"):
+                c.fail(w, f"{who}: with --page_mac_key_file the same-GPU transport is off "
+                          "unless --same_gpu_with_page_macs=true")
+    if cells == 0:
+        c.problems.append("--same-gpu: no pod runs a kvstore and a decode worker together")
 
 
 def check_kvstore_addresses(c, objs, configmaps):
@@ -214,7 +309,7 @@ def check_kvstore_addresses(c, objs, configmaps):
             c.fail(sts, f"serviceName {service} is not a headless Service here")
 
 
-def check_rules(c, objs, gpu):
+def check_rules(c, objs, gpu, same_gpu):
     configmaps = {o["metadata"]["name"]: o.get("data") or {}
                   for o in objs if o["kind"] == "ConfigMap"}
     workloads = [o for o in objs if o["kind"] in WORKLOAD_KINDS]
@@ -288,6 +383,8 @@ def check_rules(c, objs, gpu):
             if targets and e.get("port") not in ports:
                 c.fail(m, f"port {e.get('port')} is not a port of what it selects")
     check_kvstore_addresses(c, objs, configmaps)
+    if same_gpu:
+        check_same_gpu(c, workloads)
 
 
 def main():
@@ -296,6 +393,8 @@ def main():
     ap.add_argument("--kubernetes-version", default="1.30.0")
     ap.add_argument("--gpu", action="store_true",
                     help="the GPU overlay: decode and kvstore must request nvidia.com/gpu")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="workers share their kvstore's GPU in one pod (overlays/gpu-shared)")
     ap.add_argument("--schema-only", action="store_true",
                     help="only the schemas (for fragments such as examples/)")
     opts = ap.parse_args()
@@ -311,7 +410,7 @@ def main():
         check_schema(c, o, opts.kubernetes_version)
     if not opts.schema_only:
         try:
-            check_rules(c, objs, opts.gpu)
+            check_rules(c, objs, opts.gpu, opts.same_gpu)
         except (KeyError, TypeError, IndexError, AttributeError) as e:
             # Only reachable with a schema problem already reported: the rules assume valid objects.
             c.problems.append(f"rules not checked: objects malformed ({type(e).__name__}: {e})")

@@ -89,8 +89,8 @@ class DecodeMetrics {
             "kvstrata_decode_kv_cache_free_pages",
             "Free page slots of the pool that bounds how many tokens fit (INT2 history for "
             "split formats, BF16 otherwise).")),
-        kv_cache_pages(r->AddGauge("kvstrata_decode_kv_cache_pages",
-                                   "Page slots of that pool in total.")),
+        kv_cache_pages(
+            r->AddGauge("kvstrata_decode_kv_cache_pages", "Page slots of that pool in total.")),
         kvstore_fetch_seconds(r->AddHistogram(
             "kvstrata_decode_kvstore_fetch_seconds",
             "Time to look up and fetch a request's cached prefix from the kvstore (hits, misses "
@@ -115,7 +115,11 @@ class DecodeMetrics {
         prefix_waits(r->AddCounter(
             "kvstrata_decode_prefix_waits_total",
             "Requests that waited for another request on this worker to finish computing "
-            "their prompt's pages, instead of computing them too.")) {
+            "their prompt's pages, instead of computing them too.")),
+        kvstore_chain_fallbacks(r->AddCounter(
+            "kvstrata_decode_kvstore_chain_fallbacks_total",
+            "Same-GPU handshakes resent with every page key because the kvstore refused the "
+            "page chain (a store older than the chain form).")) {
     // Labelled series that exist from the start read as 0 rather than as missing (a family
     // without labels has its one series from the start).
     for (const char* op : {"lookup", "fetch", "put", "import", "transfer"}) {
@@ -150,6 +154,7 @@ class DecodeMetrics {
   Family<Histogram>& queue_time;
   Family<Counter>& kvstore_ejections;
   Family<Counter>& prefix_waits;
+  Family<Counter>& kvstore_chain_fallbacks;
 };
 
 // The local tier's size for the gauges.

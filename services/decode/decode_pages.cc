@@ -94,9 +94,9 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
   }
   FetchedPrefix out;
   if (same_gpu_ != nullptr && same_gpu_->enabled()) {
+    const std::span<const PageKey> run = std::span<const PageKey>(keys).subspan(skip, refs.size());
     if (std::optional<std::vector<engine::DevicePage>> device =
-            OpenSameGpuTransfer(client, request_id, refs,
-                                skip == 0 ? namespace_key : keys[skip - 1],
+            OpenSameGpuTransfer(client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
                                 static_cast<int64_t>(skip), lease_id)) {
       out.device_pages = *std::move(device);
       out.lease = std::move(lease);
@@ -128,21 +128,28 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
 }
 
 std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfer(
-    kvstore::KvStoreClient* client, const std::string& request_id,
-    const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, const PageKey& first_parent,
-    int64_t first_index, uint64_t lease_id) {
+    kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
+    const PageKey& first_parent, int64_t first_index, uint64_t lease_id) {
   if (lease_id == 0) return std::nullopt;
   v1::OpenTransferRequest request;
   request.set_client_id(options_.worker_id);
   request.set_compact(true);
   same_gpu_->Describe(&request);
   request.set_lease_id(lease_id);
-  for (const auto& [key, encoding] : refs) {
-    v1::PageRef* ref = request.add_pages();
-    ref->set_key(key.ToBytes());
-    ref->set_encoding(encoding);
+  bool every_key = false;
+  absl::StatusOr<v1::OpenTransferResponse> answer =
+      OpenTransferOfChain(*client, std::move(request), keys, first_parent, &every_key);
+  if (every_key) {
+    // A store older than the chain form: it works, at the cost of sending every key.
+    metrics_->kvstore_chain_fallbacks.Get().Increment();
+    if (!chain_fallback_logged_.exchange(true)) {
+      fprintf(stderr,
+              "kvstrata-decode: request %s: kvstore %s refused a page chain in OpenTransfer; "
+              "sending every key instead (logged once; "
+              "kvstrata_decode_kvstore_chain_fallbacks_total counts them)\n",
+              request_id.c_str(), client->address().c_str());
+    }
   }
-  absl::StatusOr<v1::OpenTransferResponse> answer = client->OpenTransfer(request);
   if (!answer.ok()) {
     // An older store (UNIMPLEMENTED) or one that cannot: the byte stream still works.
     if (answer.status().code() != absl::StatusCode::kUnimplemented) {
@@ -152,9 +159,6 @@ std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfe
     return std::nullopt;
   }
   if (answer->transport() != v1::TRANSPORT_SAME_GPU_POOL) return std::nullopt;
-  std::vector<PageKey> keys;
-  keys.reserve(refs.size());
-  for (const auto& ref : refs) keys.push_back(ref.first);
   absl::StatusOr<std::vector<engine::DevicePage>> pages =
       same_gpu_->Pages(*answer, keys, first_parent, first_index);
   if (!pages.ok()) {

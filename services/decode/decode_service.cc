@@ -200,14 +200,21 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
     for (const std::string& a : options_.kvstore_addresses) ring_->AddStore(a);
     // With page MACs the worker checks every page's MAC on the host before using it; pages
     // read from a same-GPU pool are checked by their digest only, which an adversary who can
-    // write the pool could forge, so the same-GPU transport is off then.
+    // write the pool could forge, so the same-GPU transport is off then, unless the operator
+    // trusts the store on this GPU (same_gpu_with_page_macs).
     const bool macs = options_.kvstore_client.page_mac_keys != nullptr;
-    same_gpu_ = std::make_unique<SameGpuPools>(macs ? -1 : options_.same_gpu_device,
+    const bool same_gpu_off = macs && !options_.same_gpu_with_page_macs;
+    same_gpu_ = std::make_unique<SameGpuPools>(same_gpu_off ? -1 : options_.same_gpu_device,
                                                engine_->cache().int2_encoding());
-    if (macs && options_.same_gpu_device >= 0) {
+    if (same_gpu_off && options_.same_gpu_device >= 0) {
       fprintf(stderr,
               "kvstrata-decode: page MACs are on: cached pages come by gRPC and are checked on "
               "the host (the same-GPU transport does not check MACs)\n");
+    } else if (macs && options_.same_gpu_device >= 0) {
+      fprintf(stderr,
+              "kvstrata-decode: page MACs are on, but pages from a kvstore's pool on this GPU "
+              "are taken on their digest alone (--same_gpu_with_page_macs): that kvstore is "
+              "trusted not to alter them; pages by gRPC are MAC-checked\n");
     }
   }
   engine_thread_ = std::thread([this] { EngineLoop(); });

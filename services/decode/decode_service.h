@@ -23,8 +23,9 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,11 @@ struct DecodeServiceOptions {
   // The CUDA device the engine runs on, or -1: with a device, kvstores on the same GPU are asked
   // for the same-GPU transport (their HBM pool mapped here, pages copied GPU to GPU).
   int same_gpu_device = -1;
+  // With page MACs (kvstore_client.page_mac_keys) the same-GPU transport is off: its pages are
+  // checked by digest, which whoever can write the store's pool could forge. True keeps it on,
+  // trusting the kvstore on this GPU (one that shares this host and a socket folder with the
+  // worker: in Kubernetes, the one in the worker's pod); pages by gRPC are MAC-checked still.
+  bool same_gpu_with_page_macs = false;
   // Capacity of the local page tier in bytes; 0 = no local tier.
   int64_t local_cache_bytes = int64_t{256} << 20;
   // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
@@ -178,13 +184,12 @@ class DecodeService final : public GenerationService {
   };
   FetchedPrefix FetchCachedPrefix(const std::string& request_id, const PageKey& namespace_key,
                                   const std::vector<PageKey>& keys, size_t skip);
-  // The same-GPU pool's pages for `refs`, under `lease_id`; nullopt when the store answers
-  // another transport or anything fails (then Fetch).
-  // `first_parent` is the parent of refs[0]'s page, whose index is `first_index`.
+  // The same-GPU pool's pages for `keys` (primary forms, consecutive pages of one chain), under
+  // `lease_id`; nullopt when the store answers another transport or anything fails (then
+  // Fetch). `first_parent` is the parent of keys[0]'s page, whose index is `first_index`.
   std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
-      kvstore::KvStoreClient* client, const std::string& request_id,
-      const std::vector<std::pair<PageKey, v1::PageEncoding>>& refs, const PageKey& first_parent,
-      int64_t first_index, uint64_t lease_id);
+      kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
+      const PageKey& first_parent, int64_t first_index, uint64_t lease_id);
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
@@ -221,6 +226,7 @@ class DecodeService final : public GenerationService {
   std::mutex ring_mu_;
   std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore
   std::unique_ptr<SameGpuPools> same_gpu_;
+  std::atomic<bool> chain_fallback_logged_{false};
 
   mutable std::mutex mu_;
   std::condition_variable engine_cv_;

@@ -52,6 +52,11 @@ ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
 ABSL_FLAG(bool, same_gpu_transport, true,
           "With --device cuda: ask kvstores for the same-GPU transport (a GPU kvstore on this "
           "GPU hands over its HBM pool; pages are copied GPU to GPU instead of by gRPC).");
+ABSL_FLAG(bool, same_gpu_with_page_macs, false,
+          "With --page_mac_key_file: keep the same-GPU transport on. Its pages are checked by "
+          "their digest, not their MAC, so this trusts the kvstore on this GPU (in Kubernetes, "
+          "the one in this worker's pod) not to alter them; pages by gRPC are MAC-checked "
+          "still. Default: with page MACs, every cached page comes by gRPC.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda / cuda:N (weights and KV cache on that GPU).");
 ABSL_FLAG(std::string, gpu_weights, "auto",
@@ -136,6 +141,7 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
   if (device->cuda && absl::GetFlag(FLAGS_same_gpu_transport)) {
     config.service.same_gpu_device = device->index;
   }
+  config.service.same_gpu_with_page_macs = absl::GetFlag(FLAGS_same_gpu_with_page_macs);
   absl::StatusOr<engine::GpuWeights> weights =
       engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
   if (!weights.ok()) {

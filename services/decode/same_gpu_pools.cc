@@ -23,6 +23,26 @@ struct SameGpuPools::Mapping {
 struct SameGpuPools::Mapping {};
 #endif
 
+absl::StatusOr<v1::OpenTransferResponse> OpenTransferOfChain(kvstore::KvStoreClient& client,
+                                                             v1::OpenTransferRequest request,
+                                                             std::span<const PageKey> keys,
+                                                             const PageKey& first_parent,
+                                                             bool* every_key) {
+  *every_key = false;
+  if (keys.empty()) return absl::InvalidArgumentError("no pages to transfer");
+  v1::PageChain* chain = request.mutable_chain();
+  chain->set_last_key(keys.back().ToBytes());
+  chain->set_page_count(static_cast<uint32_t>(keys.size()));
+  chain->set_first_parent_key(first_parent.ToBytes());
+  absl::StatusOr<v1::OpenTransferResponse> answer = client.OpenTransfer(request);
+  if (answer.ok() || answer.status().code() != absl::StatusCode::kInvalidArgument) return answer;
+  *every_key = true;
+  request.clear_chain();
+  request.mutable_pages()->Reserve(static_cast<int>(keys.size()));
+  for (const PageKey& key : keys) request.add_pages()->set_key(key.ToBytes());
+  return client.OpenTransfer(request);
+}
+
 SameGpuPools::SameGpuPools(int cuda_device, kernels::PageEncoding int2_encoding)
     : device_(cuda_device), int2_encoding_(int2_encoding) {
 #ifdef KVSTRATA_HAVE_CUDA

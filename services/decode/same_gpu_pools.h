@@ -17,8 +17,20 @@
 #include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
 #include "kvstrata/v1/kvstore.pb.h"
+#include "services/kvstore/client.h"
 
 namespace kvstrata::decode {
+
+// Sends `request` (device, transports, lease and compact already set) for `keys`: the primary
+// forms of consecutive pages of one chain, the first one's parent `first_parent`. They are
+// named as a chain (the last key and a count: the store walks its parent links), and resent as
+// a list of every key when the store refuses the chain with INVALID_ARGUMENT, which is what a
+// store older than the chain form answers (it sees no pages); *every_key then tells the caller.
+absl::StatusOr<v1::OpenTransferResponse> OpenTransferOfChain(kvstore::KvStoreClient& client,
+                                                             v1::OpenTransferRequest request,
+                                                             std::span<const PageKey> keys,
+                                                             const PageKey& first_parent,
+                                                             bool* every_key);
 
 class SameGpuPools {
  public:

@@ -193,8 +193,12 @@ absl::StatusOr<std::vector<PageKey>> ParseKeys(
   std::vector<PageKey> out;
   out.reserve(keys.size());
   for (int i = 0; i < keys.size(); ++i) {
-    KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(keys[i], absl::StrCat(field, "[", i, "]")));
-    out.push_back(key);
+    // The field's name is formatted only for an error, not for each of a long prefix's keys.
+    absl::StatusOr<PageKey> key = PageKey::FromBytes(keys[i]);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: ", key.status().message()));
+    }
+    out.push_back(*key);
   }
   return out;
 }
@@ -618,7 +622,12 @@ absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::ParsePageRe
   refs.reserve(pages.size());
   for (int i = 0; i < pages.size(); ++i) {
     const v1::PageRef& ref = pages[i];
-    KV_ASSIGN_OR_RETURN(PageKey key, ParseKey(ref.key(), absl::StrCat("pages[", i, "].key")));
+    absl::StatusOr<PageKey> parsed = PageKey::FromBytes(ref.key());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pages[", i, "].key: ", parsed.status().message()));
+    }
+    const PageKey& key = *parsed;
     const v1::PageEncoding e = ref.encoding();
     if (e == v1::PAGE_ENCODING_BF16_RECENT) {
       refs.emplace_back(key, true);
@@ -629,6 +638,39 @@ absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::ParsePageRe
       return absl::InvalidArgumentError(absl::StrCat("pages[", i, "].encoding: unknown"));
     }
   }
+  return refs;
+}
+
+absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::TransferRefs(
+    const v1::OpenTransferRequest& request) const {
+  if (!request.has_chain()) {
+    if (request.pages().empty()) return absl::InvalidArgumentError("pages: empty (and no chain)");
+    return ParsePageRefs(request.pages());
+  }
+  if (!request.pages().empty()) {
+    return absl::InvalidArgumentError("pages and chain: name the pages with one of them, not both");
+  }
+  const v1::PageChain& chain = request.chain();
+  KV_ASSIGN_OR_RETURN(PageKey last, ParseKey(chain.last_key(), "chain.last_key"));
+  KV_ASSIGN_OR_RETURN(PageKey first_parent,
+                      ParseKey(chain.first_parent_key(), "chain.first_parent_key"));
+  if (chain.page_count() == 0 || chain.page_count() > options_.max_keys_per_request) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chain.page_count: ", chain.page_count(),
+                     ", must be 1..max_keys_per_request=", options_.max_keys_per_request));
+  }
+  absl::StatusOr<std::vector<PageKey>> keys =
+      store_->ChainEndingAt(last, chain.page_count(), first_parent);
+  if (!keys.ok()) {
+    // InvalidArgument is a count no chain ending there can have; NotFound a miss.
+    const bool bad_count = keys.status().code() == absl::StatusCode::kInvalidArgument;
+    return absl::Status(
+        keys.status().code(),
+        absl::StrCat(bad_count ? "chain.page_count: " : "chain: ", keys.status().message()));
+  }
+  std::vector<FormRef> refs;
+  refs.reserve(keys->size());
+  for (const PageKey& key : *keys) refs.emplace_back(key, /*bf16_recent=*/false);
   return refs;
 }
 
@@ -656,8 +698,7 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
   if (grpc::Status s = CheckRole(*context, "OpenTransfer"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
-    KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, ParsePageRefs(request->pages()));
-    if (refs.empty()) return absl::InvalidArgumentError("pages: empty");
+    KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, TransferRefs(*request));
     v1::Transport transport = ChooseTransport(*request);
     if (transport == v1::TRANSPORT_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -676,8 +717,12 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
     response->set_lease_id(pin.lease_id);
     if (!pin.missing_indices.empty()) {
       if (request->lease_id() == 0) store_->Release(pin.lease_id);
-      return absl::NotFoundError(absl::StrCat("page ", keys[pin.missing_indices[0]].ToHex(),
-                                              " (pages[", pin.missing_indices[0], "]) is absent"));
+      const uint32_t missing = pin.missing_indices[0];
+      return absl::NotFoundError(
+          absl::StrCat("page ", keys[missing].ToHex(),
+                       request->has_chain() ? absl::StrCat(" (page ", missing, " of the chain)")
+                                            : absl::StrCat(" (pages[", missing, "])"),
+                       " is absent"));
     }
     if (transport == v1::TRANSPORT_SAME_GPU_POOL) {
       absl::StatusOr<std::vector<FastTierPlacement>> placed =

@@ -79,6 +79,10 @@ class KvStoreService final : public v1::KvStore::Service {
   using FormRef = std::pair<PageKey, bool>;
   absl::StatusOr<std::vector<FormRef>> ParsePageRefs(
       const google::protobuf::RepeatedPtrField<v1::PageRef>& pages) const;
+  // The pages an OpenTransfer names, in order: its chain walked in the store (primary forms), or
+  // its list of refs. INVALID_ARGUMENT naming the field; NOT_FOUND for a chain the store's links
+  // do not confirm.
+  absl::StatusOr<std::vector<FormRef>> TransferRefs(const v1::OpenTransferRequest& request) const;
   v1::Transport ChooseTransport(const v1::OpenTransferRequest& request) const;
 
   // Records latency and outcome of one call and refreshes the store gauges.

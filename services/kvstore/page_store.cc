@@ -187,11 +187,12 @@ absl::StatusOr<LookupResult> PageStore::Lookup(const std::vector<PageKey>& keys,
   const absl::Time now = clock_->Now();
   ExpireLeasesLocked(now);
   LookupResult result;
+  UseOrder::iterator hint = fast_lru_.end();
   for (const PageKey& key : keys) {
     auto it = entries_.find(key);
     if (it == entries_.end()) break;
     Entry& entry = it->second;
-    TouchLocked(key, entry);
+    TouchLocked(key, entry, &hint);
     PageInfo info{.key = key,
                   .primary_form = entry.primary.meta.form,
                   .primary_bytes = entry.primary.meta.byte_length};
@@ -211,6 +212,45 @@ absl::StatusOr<LookupResult> PageStore::Lookup(const std::vector<PageKey>& keys,
     result.lease_id = pin->lease_id;
   }
   return result;
+}
+
+absl::StatusOr<std::vector<PageKey>> PageStore::ChainEndingAt(const PageKey& last_key,
+                                                              uint32_t page_count,
+                                                              const PageKey& first_parent) {
+  if (page_count == 0) return absl::InvalidArgumentError("page_count must be at least 1");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(last_key);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("page ", last_key.ToHex(), " is absent"));
+  }
+  const uint32_t last_index = it->second.primary.meta.page_index;
+  if (page_count > last_index + uint64_t{1}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_count=", page_count, ", but page ", last_key.ToHex(), " is page_index ", last_index,
+        ": a chain ending there has ", last_index + uint64_t{1}, " pages"));
+  }
+  // Filled from the back: keys[i] is page last_index - (page_count - 1) + i.
+  std::vector<PageKey> keys(page_count);
+  keys[page_count - 1] = last_key;
+  for (uint32_t i = page_count - 1; i > 0; --i) {
+    const PageMeta& child = it->second.primary.meta;
+    it = entries_.find(child.parent_key);
+    // The store keeps only whole chains, so a missing parent or an index out of step means
+    // pages stored with inconsistent headers: a miss for the caller, never a crash.
+    if (it == entries_.end() || it->second.primary.meta.page_index + 1 != child.page_index) {
+      return absl::NotFoundError(
+          absl::StrCat("the parent of page ", child.key.ToHex(), " (page_index ", child.page_index,
+                       ") is not in the store as page_index ", child.page_index - 1));
+    }
+    keys[i - 1] = child.parent_key;
+  }
+  const PageMeta& first = it->second.primary.meta;
+  if (first.parent_key != first_parent) {
+    return absl::NotFoundError(absl::StrCat(
+        "the run of ", page_count, " pages ending at page ", last_key.ToHex(),
+        " starts after page ", first.parent_key.ToHex(), ", not after ", first_parent.ToHex()));
+  }
+  return keys;
 }
 
 absl::StatusOr<PinResult> PageStore::Pin(const std::vector<PageKey>& keys, absl::Duration ttl,
@@ -245,6 +285,8 @@ absl::StatusOr<PinResult> PageStore::PinLocked(const std::vector<PageKey>& keys,
     lease = &leases_[lease_id];
   }
   lease->expiry = now + ttl;
+  // One allocation rather than a rehash per doubling (a 100K-token prefix is 1,600 keys).
+  lease->keys.reserve(lease->keys.size() + keys.size());
   PinResult result{.lease_id = lease_id, .expires_in = ttl};
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = entries_.find(keys[i]);
@@ -394,12 +436,26 @@ void PageStore::DropLeaseLocked(uint64_t lease_id) {
   leases_.erase(it);
 }
 
-void PageStore::TouchLocked(const PageKey& key, Entry& entry) {
-  if (entry.children == 0) leaves_.erase({entry.last_use, key});
-  IndexFastLocked(key, entry, /*insert=*/false);
+void PageStore::TouchLocked(const PageKey& key, Entry& entry, UseOrder::iterator* fast_hint) {
+  const std::pair<uint64_t, PageKey> old{entry.last_use, key};
   entry.last_use = ++use_tick_;
-  if (entry.children == 0) leaves_.insert({entry.last_use, key});
-  IndexFastLocked(key, entry, /*insert=*/true);
+  // The same node moves to the end (the newest use): no allocation, and constant time to insert
+  // with the end as hint; with a hint that is right, finding it is constant time too. Touching
+  // the 1,600 pages of a long prefix is most of a same-GPU handshake's work in the store.
+  auto move_to_end = [&](UseOrder& order, UseOrder::iterator* hint) {
+    UseOrder::iterator pos =
+        hint != nullptr && *hint != order.end() && **hint == old ? *hint : order.find(old);
+    if (pos == order.end()) {
+      order.insert(order.end(), {entry.last_use, key});
+      return;
+    }
+    if (hint != nullptr) *hint = std::next(pos);
+    UseOrder::node_type node = order.extract(pos);
+    node.value().first = entry.last_use;
+    order.insert(order.end(), std::move(node));
+  };
+  if (entry.children == 0) move_to_end(leaves_, nullptr);
+  if (entry.any_fast()) move_to_end(fast_lru_, fast_hint);
 }
 
 void PageStore::IndexFastLocked(const PageKey& key, const Entry& entry, bool insert) {
@@ -580,6 +636,9 @@ absl::StatusOr<std::vector<FastTierPlacement>> PageStore::PlaceInFastTier(
     return absl::FailedPreconditionError(
         absl::StrCat("lease ", lease_id, " is unknown or expired; pin again"));
   }
+  // Everything is checked before anything moves, and each entry is looked up once.
+  std::vector<Entry*> found;
+  found.reserve(forms.size());
   for (const auto& [key, recent] : forms) {
     auto it = entries_.find(key);
     if (it == entries_.end()) {
@@ -592,15 +651,21 @@ absl::StatusOr<std::vector<FastTierPlacement>> PageStore::PlaceInFastTier(
       return absl::FailedPreconditionError(
           absl::StrCat("lease ", lease_id, " does not cover page ", key.ToHex()));
     }
+    found.push_back(&it->second);
   }
+  // Touched first, in order, and then moved up where needed (which changes fast_lru_): the
+  // pages are leased, so touching them earlier changes no demotion.
+  UseOrder::iterator hint = fast_lru_.end();
+  for (size_t i = 0; i < forms.size(); ++i) TouchLocked(forms[i].first, *found[i], &hint);
   std::vector<FastTierPlacement> placements;
   placements.reserve(forms.size());
-  for (const auto& [key, recent] : forms) {
-    Entry& entry = entries_.at(key);
-    TouchLocked(key, entry);
-    Copy& copy = recent ? *entry.recent : entry.primary;
-    if (!copy.in_fast()) {
-      const uint64_t n = copy.meta.byte_length;
+  bool moved = false;  // a promotion demoted or evicted other pages: look entries up again
+  for (size_t i = 0; i < forms.size(); ++i) {
+    const auto& [key, recent] = forms[i];
+    Entry* entry = moved ? &entries_.at(key) : found[i];
+    Copy* copy = recent ? &*entry->recent : &entry->primary;
+    if (!copy->in_fast()) {
+      const uint64_t n = copy->meta.byte_length;
       std::optional<uint64_t> offset = AllocateFastLocked(n, &key, nullptr);
       if (!offset.has_value()) {
         return absl::ResourceExhaustedError(
@@ -608,26 +673,25 @@ absl::StatusOr<std::vector<FastTierPlacement>> PageStore::PlaceInFastTier(
                          fast_ranges_->size(), " bytes); fetch the rest with Fetch"));
       }
       // Demotion above removed or moved other entries: look this one up again.
-      Entry& e = entries_.at(key);
-      Copy& c = recent ? *e.recent : e.primary;
-      absl::Status written = fast_->Write(*offset, c.host->data(), n);
+      moved = true;
+      entry = &entries_.at(key);
+      copy = recent ? &*entry->recent : &entry->primary;
+      absl::Status written = fast_->Write(*offset, copy->host->data(), n);
       if (!written.ok()) {
         fast_ranges_->Free(*offset, n);
         return written;
       }
-      IndexFastLocked(key, e, /*insert=*/false);
+      IndexFastLocked(key, *entry, /*insert=*/false);
       bytes_used_ -= n;
       --host_forms_;
-      c.host.reset();
-      c.fast_offset = static_cast<int64_t>(*offset);
+      copy->host.reset();
+      copy->fast_offset = static_cast<int64_t>(*offset);
       fast_bytes_used_ += n;
       ++fast_forms_;
-      IndexFastLocked(key, e, /*insert=*/true);
+      IndexFastLocked(key, *entry, /*insert=*/true);
       ++stats_.promotions_total;
     }
-    const Entry& e = entries_.at(key);
-    const Copy& c = recent ? *e.recent : e.primary;
-    placements.push_back({.meta = c.meta, .offset = static_cast<uint64_t>(c.fast_offset)});
+    placements.push_back({.meta = copy->meta, .offset = static_cast<uint64_t>(copy->fast_offset)});
   }
   return placements;
 }

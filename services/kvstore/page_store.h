@@ -194,6 +194,16 @@ class PageStore {
   // lease_ttl > 0 and at least one hit, pins the hits under a new lease (errors as Pin).
   absl::StatusOr<LookupResult> Lookup(const std::vector<PageKey>& keys, absl::Duration lease_ttl);
 
+  // The keys of the `page_count` consecutive pages that end with `last_key`, first page first,
+  // found by walking the parent links back from it; the first page's parent must be
+  // `first_parent` (the namespace key for a run from page 0). Read-only: it neither touches nor
+  // pins (a page may go before the caller pins it; Pin then reports it missing).
+  // InvalidArgument when page_count is 0 or more than the last page's page_index + 1 (no chain
+  // ending there is that long); NotFound when last_key is absent or the links do not confirm the
+  // run (a parent absent, a page_index out of step, another first parent): each names the page.
+  absl::StatusOr<std::vector<PageKey>> ChainEndingAt(const PageKey& last_key, uint32_t page_count,
+                                                     const PageKey& first_parent);
+
   // Creates (lease_id 0) or extends a lease and adds the present keys to it. InvalidArgument
   // for a ttl <= 0 or above max_lease_ttl; NotFound for an unknown or expired lease_id;
   // ResourceExhausted at max_leases.
@@ -263,7 +273,13 @@ class PageStore {
 
   void ExpireLeasesLocked(absl::Time now);
   void DropLeaseLocked(uint64_t lease_id);
-  void TouchLocked(const PageKey& key, Entry& entry);
+  // Pages by last use: (last_use, key).
+  using UseOrder = std::set<std::pair<uint64_t, PageKey>>;
+  // Marks a use of the page (the LRU orders). `fast_hint`, for pages touched in chain order:
+  // where the next page's place in fast_lru_ probably is (right after this one's, when the run
+  // was last touched in the same order), so a long run needs no search per page; start it at
+  // fast_lru_.end(), and change fast_lru_ in no other way while the run is being touched.
+  void TouchLocked(const PageKey& key, Entry& entry, UseOrder::iterator* fast_hint = nullptr);
   // Evicts LRU unpinned leaves (never `keep`) until `bytes` more fit in the host tier: leaves
   // with host bytes first, any leaf when none is left (which may turn a host page into a leaf).
   // Counts them in *evicted. `host_leaves_only`: never the fallback.
@@ -297,7 +313,7 @@ class PageStore {
   std::condition_variable events_cv_;
   absl::flat_hash_map<PageKey, Entry> entries_;
   // Every leaf (page with no stored child), leased or not, by last use: (last_use, key).
-  std::set<std::pair<uint64_t, PageKey>> leaves_;
+  UseOrder leaves_;
   absl::flat_hash_map<uint64_t, Lease> leases_;
   uint64_t next_lease_id_ = 1;
   uint64_t use_tick_ = 0;
@@ -310,7 +326,7 @@ class PageStore {
   // The fast tier: its memory, its ranges, and its entries by last use (demotion order).
   std::shared_ptr<TierMemory> fast_;
   std::optional<RangeAllocator> fast_ranges_;
-  std::set<std::pair<uint64_t, PageKey>> fast_lru_;
+  UseOrder fast_lru_;
   uint64_t fast_bytes_used_ = 0;
   uint64_t fast_forms_ = 0;
   uint64_t pinned_pages_ = 0;  // entries with pins > 0

@@ -56,7 +56,7 @@ run() {  # run NAME CHECK-ARGS... : render deploy/k8s/NAME and check it
 
 # Every kustomization must be covered below: a new overlay without a line here fails.
 mapfile -t dirs < <(cd "$k8s" && find . -name kustomization.yaml -printf '%h\n' | sed 's|^\./||' | sort)
-covered=(base monitoring overlays/cpu-dev overlays/gpu)
+covered=(base monitoring overlays/cpu-dev overlays/gpu overlays/gpu-shared)
 for d in "${dirs[@]}"; do
   [[ " ${covered[*]} " == *" $d "* ]] || { echo "FAIL $d: not checked by this test"; failed=1; }
 done
@@ -65,6 +65,52 @@ run base
 run monitoring --schema-only   # its monitors select the base's objects: checked in the overlays
 run overlays/cpu-dev
 run overlays/gpu --gpu
+run overlays/gpu-shared --gpu --same-gpu
+
+# The same-GPU rules can fail: each copy of overlays/gpu-shared broken on purpose is refused,
+# naming what is wrong.
+echo "== overlays/gpu-shared, broken on purpose"
+"$kubectl" kustomize "$k8s/overlays/gpu-shared" >"$out/shared.yaml"
+while IFS='|' read -r what expect; do
+  "$venv/bin/python" - "$out/shared.yaml" "$what" >"$out/broken.yaml" <<'PY'
+import sys
+import yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+sts = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "kvstore")
+ctrs = {x["name"]: x for x in sts["spec"]["template"]["spec"]["containers"]}
+store, worker, what = ctrs["kvstore"], ctrs["decode"], sys.argv[2]
+if what == "no-pool-mount":
+    worker["volumeMounts"] = [m for m in worker["volumeMounts"] if m["name"] != "pool"]
+elif what == "two-gpus":
+    for k in ("requests", "limits"):
+        worker["resources"][k]["nvidia.com/gpu"] = 1
+elif what == "no-visible-devices":
+    worker["env"] = [e for e in worker["env"] if e["name"] != "NVIDIA_VISIBLE_DEVICES"]
+elif what == "macs-turn-it-off":
+    worker["args"] = [a for a in worker["args"] if not a.startswith("--same_gpu_with_page_macs")]
+elif what == "no-pool-socket":
+    store["args"] = [a for a in store["args"] if not a.startswith("--pool_socket")]
+else:
+    sys.exit(f"unknown mutation {what}")
+yaml.safe_dump_all(docs, sys.stdout)
+PY
+  if result=$("${check[@]}" --gpu --same-gpu "$out/broken.yaml"); then
+    echo "FAIL $what: accepted"
+    failed=1
+  elif [[ $result != *"$expect"* ]]; then
+    echo "FAIL $what: refused, but not for '$expect':"
+    echo "$result"
+    failed=1
+  else
+    echo "ok: $what refused ($expect)"
+  fi
+done <<'EOF'
+no-pool-mount|must mount volume pool at /run/kvstrata-pool
+two-gpus|2 containers ask for nvidia.com/gpu
+no-visible-devices|sets no NVIDIA_VISIBLE_DEVICES
+macs-turn-it-off|unless --same_gpu_with_page_macs=true
+no-pool-socket|--pool_socket must be set
+EOF
 echo "== examples"
 "${check[@]}" --schema-only "$k8s"/examples/*.yaml || failed=1
 

@@ -1,7 +1,8 @@
 #pragma once
 
 // A kvstore fast tier in host memory, for tests of the tier logic and of OpenTransfer's
-// same-GPU answers on machines without a GPU (the GPU test uses the real HBM pool).
+// same-GPU answers on machines without a GPU (the GPU test uses the real HBM pool), and for the
+// CPU benchmark of that handshake (bench/handshake_bench.cc).
 
 #include <cstdint>
 #include <cstring>

@@ -72,6 +72,20 @@ class OpenTransferTest : public ::testing::Test {
     return request;
   }
 
+  // The same request naming the pages as a chain: `count` pages ending at `last`, after
+  // `first_parent`.
+  v1::OpenTransferRequest ChainRequest(std::vector<v1::Transport> transports, const PageKey& last,
+                                       uint32_t count, const PageKey& first_parent,
+                                       const char* gpu = kGpu) {
+    v1::OpenTransferRequest request = Request(std::move(transports), gpu);
+    request.clear_pages();
+    request.set_compact(true);
+    request.mutable_chain()->set_last_key(last.ToBytes());
+    request.mutable_chain()->set_page_count(count);
+    request.mutable_chain()->set_first_parent_key(first_parent.ToBytes());
+    return request;
+  }
+
   grpc::Status Open(const v1::OpenTransferRequest& request, v1::OpenTransferResponse* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -134,6 +148,126 @@ TEST_F(OpenTransferTest, ACompactAnswerGivesTheSamePlacementsAsArrays) {
     EXPECT_EQ(p.encoding(i), v1::PAGE_ENCODING_BF16);
   }
   EXPECT_LT(compact.ByteSizeLong(), full.ByteSizeLong() / 2);
+}
+
+// The old form (every key) and the chain form name the same pages and get the same answer.
+TEST_F(OpenTransferTest, AChainGetsTheSamePlacementsAsItsKeys) {
+  Start(/*fast_tier=*/true);
+  v1::OpenTransferRequest by_keys = Request({v1::TRANSPORT_SAME_GPU_POOL});
+  by_keys.set_compact(true);
+  v1::OpenTransferResponse keys_answer;
+  ASSERT_TRUE(Open(by_keys, &keys_answer).ok());
+  v1::OpenTransferResponse chain_answer;
+  grpc::Status s =
+      Open(ChainRequest({v1::TRANSPORT_SAME_GPU_POOL}, Key(3), 3, Key(0xEE)), &chain_answer);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(chain_answer.transport(), v1::TRANSPORT_SAME_GPU_POOL);
+  EXPECT_EQ(chain_answer.pool().pool_id(), 77u);
+  EXPECT_NE(chain_answer.lease_id(), keys_answer.lease_id());
+  const v1::PoolPlacements& k = keys_answer.placements();
+  const v1::PoolPlacements& c = chain_answer.placements();
+  ASSERT_EQ(c.offset_bytes_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c.offset_bytes(i), k.offset_bytes(i)) << i;
+    EXPECT_EQ(c.digest64(i), k.digest64(i)) << i;
+    EXPECT_EQ(c.byte_length(i), k.byte_length(i)) << i;
+    EXPECT_EQ(c.encoding(i), k.encoding(i)) << i;
+    EXPECT_EQ(c.digest64(i), PageDigest64(chain_[i].bytes.data(), chain_[i].bytes.size()));
+    EXPECT_EQ(
+        std::memcmp(tier_->at(c.offset_bytes(i)), chain_[i].bytes.data(), chain_[i].bytes.size()),
+        0);
+  }
+  // The chain's lease holds its pages: releasing the key list's leaves them pinned.
+  EXPECT_TRUE(store_->Release(keys_answer.lease_id()));
+  EXPECT_EQ(store_->Stats().pinned_pages, 3u);
+  EXPECT_TRUE(store_->Release(chain_answer.lease_id()));
+  EXPECT_EQ(store_->Stats().pinned_pages, 0u);
+
+  // A run in the middle of the chain (pages 1 and 2 after page 0), with page headers.
+  v1::OpenTransferRequest middle = ChainRequest({v1::TRANSPORT_SAME_GPU_POOL}, Key(3), 2, Key(1));
+  middle.set_compact(false);
+  v1::OpenTransferResponse segments;
+  ASSERT_TRUE(Open(middle, &segments).ok());
+  ASSERT_EQ(segments.segments_size(), 2);
+  EXPECT_EQ(segments.segments(0).header().key(), Key(2).ToBytes());
+  EXPECT_EQ(segments.segments(0).header().page_index(), 1u);
+  EXPECT_EQ(segments.segments(1).header().key(), Key(3).ToBytes());
+  EXPECT_EQ(segments.segments(1).offset_bytes(), k.offset_bytes(2));
+  EXPECT_EQ(store_->Stats().pinned_pages, 2u);
+}
+
+TEST_F(OpenTransferTest, AChainOnAnotherGpuIsPinnedForTheByteStreamAndExtendsTheClientsLease) {
+  Start(/*fast_tier=*/true);
+  absl::StatusOr<PinResult> lease = store_->Pin({Key(1)}, absl::Seconds(5), 0);
+  ASSERT_TRUE(lease.ok());
+  v1::OpenTransferRequest request = ChainRequest(
+      {v1::TRANSPORT_SAME_GPU_POOL, v1::TRANSPORT_GRPC_STREAM}, Key(3), 3, Key(0xEE), "GPU-other");
+  request.set_lease_id(lease->lease_id);
+  v1::OpenTransferResponse response;
+  ASSERT_TRUE(Open(request, &response).ok());
+  EXPECT_EQ(response.transport(), v1::TRANSPORT_GRPC_STREAM);
+  EXPECT_FALSE(response.has_placements());
+  EXPECT_EQ(response.lease_id(), lease->lease_id);
+  EXPECT_EQ(store_->Stats().active_leases, 1u);
+  EXPECT_EQ(store_->Stats().pinned_pages, 3u);
+}
+
+// A chain the store's parent links do not confirm is a miss: NOT_FOUND naming `chain`, and no
+// lease left behind (never other pages, never a crash).
+TEST_F(OpenTransferTest, ABrokenChainIsAMissAndLeavesNoLease) {
+  Start(/*fast_tier=*/true);
+  struct Case {
+    PageKey last;
+    uint32_t count;
+    PageKey first_parent;
+    const char* says;
+  };
+  for (const Case& c : {
+           // Starts one page later than the client thinks (its count is one short).
+           Case{Key(3), 2, Key(0xEE), "starts after page"},
+           // Another sequence's page as first parent.
+           Case{Key(3), 3, Key(42), "starts after page"},
+           // The last page is not (or no longer) stored.
+           Case{Key(42), 1, Key(3), "is absent"},
+       }) {
+    v1::OpenTransferResponse response;
+    grpc::Status status = Open(
+        ChainRequest({v1::TRANSPORT_SAME_GPU_POOL}, c.last, c.count, c.first_parent), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << c.says;
+    EXPECT_THAT(status.error_message(), HasSubstr("chain: "));
+    EXPECT_THAT(status.error_message(), HasSubstr(c.says));
+  }
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+  EXPECT_EQ(store_->Stats().pinned_pages, 0u);
+}
+
+TEST_F(OpenTransferTest, ABadChainIsInvalidNamingItsField) {
+  Start(/*fast_tier=*/true);
+  auto expect_invalid = [&](const v1::OpenTransferRequest& request, const char* field) {
+    v1::OpenTransferResponse response;
+    grpc::Status status = Open(request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_THAT(status.error_message(), HasSubstr(field));
+  };
+  const std::vector<v1::Transport> pool = {v1::TRANSPORT_SAME_GPU_POOL};
+  expect_invalid(ChainRequest(pool, Key(3), 0, Key(0xEE)), "chain.page_count: 0");
+  // Above the store's limit (4096 keys a request), whatever the chain.
+  expect_invalid(ChainRequest(pool, Key(3), 4097, Key(0xEE)), "chain.page_count: 4097");
+  // Longer than any chain ending at page_index 2 can be.
+  expect_invalid(ChainRequest(pool, Key(3), 4, Key(0xEE)), "chain.page_count: page_count=4");
+  v1::OpenTransferRequest short_key = ChainRequest(pool, Key(3), 3, Key(0xEE));
+  short_key.mutable_chain()->set_last_key("short");
+  expect_invalid(short_key, "chain.last_key");
+  v1::OpenTransferRequest no_parent = ChainRequest(pool, Key(3), 3, Key(0xEE));
+  no_parent.mutable_chain()->clear_first_parent_key();
+  expect_invalid(no_parent, "chain.first_parent_key");
+  v1::OpenTransferRequest both = ChainRequest(pool, Key(3), 3, Key(0xEE));
+  both.add_pages()->set_key(Key(1).ToBytes());
+  expect_invalid(both, "pages and chain");
+  v1::OpenTransferRequest neither = Request(pool);
+  neither.clear_pages();
+  expect_invalid(neither, "pages: empty");
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
 }
 
 TEST_F(OpenTransferTest, AnotherGpuOrHostGetsTheByteStreamWithTheLease) {

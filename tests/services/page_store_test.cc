@@ -73,6 +73,49 @@ TEST_F(PageStoreTest, LookupFindsLongestPrefix) {
   EXPECT_EQ(stats.lookup_hit_pages_total, 4u);
 }
 
+TEST_F(PageStoreTest, AChainIsFoundFromItsLastPageByParentLinks) {
+  MakeStore(10);
+  PutAll(MakeChain({1, 2, 3, 4}));
+  // The whole chain (its first page's parent is the namespace key), and a run in its middle.
+  absl::StatusOr<std::vector<PageKey>> all = store_->ChainEndingAt(Key(4), 4, Key(0xEE));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre(Key(1), Key(2), Key(3), Key(4)));
+  absl::StatusOr<std::vector<PageKey>> middle = store_->ChainEndingAt(Key(3), 2, Key(1));
+  ASSERT_TRUE(middle.ok()) << middle.status();
+  EXPECT_THAT(*middle, ElementsAre(Key(2), Key(3)));
+  absl::StatusOr<std::vector<PageKey>> one = store_->ChainEndingAt(Key(1), 1, Key(0xEE));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_THAT(*one, ElementsAre(Key(1)));
+  // Read-only: no lease, and a lookup's counters do not move.
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+  EXPECT_EQ(store_->Stats().lookups_total, 0u);
+}
+
+TEST_F(PageStoreTest, AChainTheLinksDoNotConfirmIsAMissAndABadCountIsInvalid) {
+  MakeStore(10);
+  PutAll(MakeChain({1, 2, 3}));
+  // Another first parent: the run does not start where the caller thinks (one page too many
+  // or too few, or another sequence).
+  absl::StatusOr<std::vector<PageKey>> shifted = store_->ChainEndingAt(Key(3), 2, Key(0xEE));
+  EXPECT_EQ(shifted.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(shifted.status().message(), HasSubstr(Key(1).ToHex()));
+  absl::StatusOr<std::vector<PageKey>> absent = store_->ChainEndingAt(Key(9), 1, Key(0xEE));
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(absent.status().message(), HasSubstr(Key(9).ToHex()));
+  // No chain ending at page_index 2 has 4 pages, and none has 0.
+  absl::StatusOr<std::vector<PageKey>> too_long = store_->ChainEndingAt(Key(3), 4, Key(0xEE));
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_long.status().message(), HasSubstr("page_count=4"));
+  EXPECT_EQ(store_->ChainEndingAt(Key(3), 0, Key(2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // After the chain's tail is evicted its last key is a miss, and a shorter run still works.
+  MakeStore(10);
+  PutAll(MakeChain({1, 2}));
+  EXPECT_EQ(store_->ChainEndingAt(Key(3), 3, Key(0xEE)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store_->ChainEndingAt(Key(2), 2, Key(0xEE)).ok());
+}
+
 TEST_F(PageStoreTest, PageNeedsItsParent) {
   MakeStore(10);
   std::vector<TestPage> chain = MakeChain({1, 2});

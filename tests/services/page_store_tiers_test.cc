@@ -93,6 +93,38 @@ TEST_F(PageStoreTiersTest, AFullFastTierMovesItsOldestPagesDownInsteadOfDropping
   EXPECT_EQ(lookup->pages.size(), 5u);
 }
 
+// A run touched in order (a Lookup, a transfer) becomes the newest in the fast tier, page by
+// page, whether or not it was touched in that order before: what moves down next is the page
+// used least recently.
+TEST_F(PageStoreTiersTest, TouchingARunInOrderKeepsTheUseOrderOfTheFastTier) {
+  MakeStore(/*fast_pages=*/3, /*host_pages=*/8);
+  const std::vector<TestPage> chain = MakeChain({1, 2, 3});
+  // Pages that make room as they come: first pages of other chains (a new page's own parent
+  // never moves down for it).
+  const TestPage other = MakePage(Key(10), Key(0xEE), 0);
+  const TestPage another = MakePage(Key(11), Key(0xEE), 0);
+  auto in_fast = [&](uint8_t id) {
+    const uint64_t before = store_->Stats().fetched_fast_pages_total;
+    EXPECT_TRUE(store_->Fetch(Key(id), false, 0).ok());
+    return store_->Stats().fetched_fast_pages_total > before;
+  };
+  PutAll(chain);
+  ASSERT_TRUE(store_->Lookup({Key(1), Key(2)}, absl::ZeroDuration()).ok());  // use: 3, 1, 2
+  PutAll({other});                                                           // moves 3 down
+  EXPECT_FALSE(in_fast(3));
+  EXPECT_TRUE(in_fast(2));
+  EXPECT_TRUE(in_fast(1));
+  EXPECT_TRUE(in_fast(10));                                                  // use: 2, 1, 10
+  ASSERT_TRUE(store_->Lookup({Key(1), Key(2)}, absl::ZeroDuration()).ok());  // 10, 1, 2
+  PutAll({another});                                                         // moves 10 down
+  EXPECT_FALSE(in_fast(10));
+  EXPECT_TRUE(in_fast(1));
+  EXPECT_TRUE(in_fast(2));
+  EXPECT_TRUE(in_fast(11));
+  for (const TestPage& page : chain) ExpectStored(page);
+  ExpectStored(other);
+}
+
 TEST_F(PageStoreTiersTest, BothTiersFullEvictsLeavesOnly) {
   MakeStore(/*fast_pages=*/2, /*host_pages=*/2);
   const std::vector<TestPage> a = MakeChain({1, 2, 3});
