@@ -60,6 +60,9 @@ ABSL_FLAG(int, device, 0, "CUDA device");
 ABSL_FLAG(int, graph_history_buckets, 16,
           "decode graphs per batch size (EngineOptions::cuda_graph_history_buckets; 1: one "
           "graph planned for the whole context)");
+ABSL_FLAG(bool, gpu_gemv, true,
+          "passes of 1..4 tokens multiply weights with kernels::Gemv (false: cuBLAS); "
+          "EngineOptions::gpu_gemv");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 
 namespace kvstrata {
@@ -401,6 +404,7 @@ int Main() {
     o.gpu_weights = *weights;
     o.cuda_graphs = true;
     o.cuda_graph_history_buckets = absl::GetFlag(FLAGS_graph_history_buckets);
+    o.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

@@ -290,6 +290,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.weights = options.gpu_weights;
     cuda.decode_graphs = options.cuda_graphs;
     cuda.graph_history_buckets = std::max(1, options.cuda_graph_history_buckets);
+    cuda.small_batch_gemv = options.gpu_gemv;
     cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;
     cuda.max_items = options.scheduler.max_running;

@@ -74,6 +74,9 @@ struct EngineOptions {
   // on the GPU (the host's arithmetic; only the token is copied back). false: every row of
   // logits is copied to the host and sampled there.
   bool gpu_sampling = true;
+  // cuda: forward passes of 1..4 tokens (decode of a small batch) multiply bf16 or fp16 weights
+  // with a matrix-vector kernel that streams them near the copy bandwidth; false: cuBLAS.
+  bool gpu_gemv = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

@@ -19,6 +19,7 @@
 #include "engine/cuda/device_sampler.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/chunk_attention.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/numeric.h"
@@ -409,6 +410,12 @@ absl::Status CudaBackend::AllocateActivations() {
 
 absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
                                bool accumulate) {
+  // A decode step of a few sequences reads each weight once: a GEMV streams it faster.
+  if (options_.small_batch_gemv && kernels::GemvSupports(rows, in, type_, x, w)) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::Gemv(x, rows, in, w, out, y, accumulate, type_, stream_),
+                            "Gemv");
+    return absl::OkStatus();
+  }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType_t t = type_ == GemmType::kBf16   ? CUDA_R_16BF
                            : type_ == GemmType::kFp16 ? CUDA_R_16F

@@ -35,6 +35,9 @@ struct CudaBackendOptions {
   int graph_history_buckets = 16;
   // Tokens drawn on the GPU for the requests whose sampling allows it (EngineOptions::gpu_sampling).
   bool device_sampling = true;
+  // Passes of 1..4 tokens multiply bf16/fp16 weights with kernels::Gemv instead of cuBLAS
+  // (EngineOptions::gpu_gemv).
+  bool small_batch_gemv = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

@@ -67,6 +67,9 @@ ABSL_FLAG(bool, cuda_graphs, true,
 ABSL_FLAG(bool, gpu_sampling, true,
           "With --device cuda, draw tokens on the GPU for requests without top_k, top_p, min_p "
           "and top_logprobs (false: copy every row of logits to the host and sample there).");
+ABSL_FLAG(bool, gpu_gemv, true,
+          "With --device cuda and bf16 or fp16 weights, passes of 1-4 tokens (decode of a small "
+          "batch) multiply the weights with kvstrata's matrix-vector kernel (false: cuBLAS).");
 ABSL_FLAG(std::string, kvstore, "",
           "Comma-separated kvstore addresses (HOST:PORT); empty: no kvstore.");
 ABSL_FLAG(int, local_cache_mb, 256,
@@ -150,6 +153,7 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
   config.engine.gpu_weights = *weights;
   config.engine.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   config.engine.gpu_sampling = absl::GetFlag(FLAGS_gpu_sampling);
+  config.engine.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
   for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
     if (!absl::StrContains(a, ':')) {
       return absl::InvalidArgumentError(absl::StrCat("--kvstore: '", a, "' is not HOST:PORT"));

@@ -1,0 +1,134 @@
+// y (+)= x · Wᵀ for 1..4 rows of x: one warp per output row at a time, each lane loading 16
+// bytes (8 elements) of the row per step, four steps unrolled so that 2 KB per warp are in
+// flight; x's matching 8 elements per row are read through L1 (every warp of the device reads
+// the same x). The warp reduces its rows' sums with shuffles and lane 0 writes them.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/gemv.h"
+
+namespace kvstrata::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;
+
+template <typename T>
+__device__ __forceinline__ void ToFloat8(const uint4& v, float (&f)[8]);
+
+template <>
+__device__ __forceinline__ void ToFloat8<__nv_bfloat16>(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <>
+__device__ __forceinline__ void ToFloat8<__half>(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+template <typename T, int R>
+__global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, int in,
+                                                       const T* __restrict__ w, int out,
+                                                       float* __restrict__ y, bool accumulate) {
+  const int lane = threadIdx.x % 32;
+  const int chunks = in / 8;  // 16-byte chunks per row
+  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+  for (int n = blockIdx.x * kWarps + threadIdx.x / 32; n < out; n += gridDim.x * kWarps) {
+    const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t{n} * chunks;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    int c = lane;
+    for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+      uint4 wv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + c + 32 * u);  // streamed once
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float wf[8];
+        ToFloat8<T>(wv[u], wf);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float xf[8];
+          ToFloat8<T>(__ldg(x4 + r * chunks + c + 32 * u), xf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+        }
+      }
+    }
+    for (; c < chunks; c += 32) {
+      float wf[8];
+      ToFloat8<T>(__ldcs(row + c), wf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float xf[8];
+        ToFloat8<T>(__ldg(x4 + r * chunks + c), xf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float* dst = y + int64_t{r} * out + n;
+        *dst = accumulate ? *dst + acc[r] : acc[r];
+      }
+    }
+  }
+}
+
+template <typename T>
+cudaError_t Launch(const void* x, int rows, int in, const void* w, int out, float* y,
+                   bool accumulate, cudaStream_t stream) {
+  // One warp per row of W; past 8,192 CTAs the grid-stride loop covers the rest (no device
+  // query here: this runs inside graph capture).
+  const int blocks = std::max(1, std::min((out + kWarps - 1) / kWarps, 8192));
+  const T* xt = static_cast<const T*>(x);
+  const T* wt = static_cast<const T*>(w);
+  switch (rows) {
+    case 1: GemvKernel<T, 1><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate); break;
+    case 2: GemvKernel<T, 2><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate); break;
+    case 3: GemvKernel<T, 3><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate); break;
+    default: GemvKernel<T, 4><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w) {
+  return rows >= 1 && rows <= kGemvMaxRows && in > 0 && in % 8 == 0 &&
+         (type == GemmType::kBf16 || type == GemmType::kFp16) &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+cudaError_t Gemv(const void* x, int rows, int in, const void* w, int out, float* y,
+                 bool accumulate, GemmType type, cudaStream_t stream) {
+  if (!GemvSupports(rows, in, type, x, w) || out <= 0) return cudaErrorInvalidValue;
+  return type == GemmType::kBf16
+             ? Launch<__nv_bfloat16>(x, rows, in, w, out, y, accumulate, stream)
+             : Launch<__half>(x, rows, in, w, out, y, accumulate, stream);
+}
+
+}  // namespace kvstrata::kernels

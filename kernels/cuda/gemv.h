@@ -1,0 +1,27 @@
+#pragma once
+
+// Matrix-vector products for the few-token passes of decode (a batch of 1..4 sequences): y fp32
+// [rows][out] (+)= x [rows][in] · Wᵀ with W [out][in] row-major, x and W bf16 or fp16, fp32
+// accumulation. cuBLAS runs these shapes well under the copy bandwidth (the weights are read
+// once per step, nothing is reused); here each warp streams whole rows of W with 16-byte loads,
+// several in flight, and x comes from L1. The CPU specification is the same product in fp32.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/model_ops.h"
+
+namespace kvstrata::kernels {
+
+inline constexpr int kGemvMaxRows = 4;
+
+// Whether Gemv takes these operands: rows in [1, kGemvMaxRows], in a multiple of 8, a bf16 or
+// fp16 type, x and w 16-byte aligned.
+bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w);
+
+// cudaErrorInvalidValue where GemvSupports is false.
+cudaError_t Gemv(const void* x, int rows, int in, const void* w, int out, float* y,
+                 bool accumulate, GemmType type, cudaStream_t stream);
+
+}  // namespace kvstrata::kernels
