@@ -158,7 +158,7 @@ TEST(Fidelity, CalibratedRotationsBeatHadamardOnAttentionError) {
   files.per_head = fx.oscar_path;
   files.hadamard = fx.hadamard_path;
   std::vector<EvalFormat> formats;
-  for (const std::string name :
+  for (const std::string& name :
        {std::string("int2-hadamard"), "hadclip=" + fx.hadamard_clip_path, std::string("oscar")}) {
     absl::StatusOr<EvalFormat> f = ResolveEvalFormat(name, files);
     ASSERT_TRUE(f.ok()) << f.status();
