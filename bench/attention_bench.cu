@@ -92,12 +92,16 @@ struct Step {
 constexpr SplitDecodeVariant kBefore = {.bf16_tensor_cores = false,
                                         .fuse_window = false,
                                         .parallel_merge = false,
-                                        .bf16_max_pages_per_split = 0};
+                                        .bf16_max_pages_per_split = 0,
+                                        .int2_overlap_pages = false};
 constexpr Step kInt2Steps[] = {
     {"before: separate fp32 window kernel, one thread per channel merge", kBefore},
-    {"+ merge spread over the CTA", {.bf16_tensor_cores = false, .fuse_window = false}},
-    {"+ window pages on tensor cores", {.fuse_window = false}},
+    {"+ merge spread over the CTA",
+     {.bf16_tensor_cores = false, .fuse_window = false, .int2_overlap_pages = false}},
+    {"+ window pages on tensor cores", {.fuse_window = false, .int2_overlap_pages = false}},
     {"+ window pages in the history launch when few (default)", {}},
+    {"+ next page's scores before this page's softmax (off by default)",
+     {.int2_overlap_pages = true}},
 };
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},

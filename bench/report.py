@@ -2,7 +2,10 @@
 """Turns the JSON lines of bench/gpu_session.sh attention (or bench/run_gpu_bench.sh) into the
 markdown tables of docs/benchmarks.md.
 
-    bench/report.py DIR    (DIR holds kvstrata_attention.jsonl and torch_attention.jsonl)
+    bench/report.py DIR [INT2_STEP]
+
+DIR holds kvstrata_attention.jsonl and torch_attention.jsonl. The first table of each shape
+shows the rows labelled "(default)", or for INT2 the step whose label contains INT2_STEP.
 """
 import json
 import pathlib
@@ -21,8 +24,14 @@ def load(path):
     return rows
 
 
+INT2_STEP = sys.argv[2] if len(sys.argv) > 2 else None
+
+
 def is_default(r):
-    return r.get("step", "").endswith("(default)")
+    step = r.get("step", "")
+    if INT2_STEP and r.get("kernel") == "kvstrata-int2-split":
+        return INT2_STEP in step
+    return step.endswith("(default)")
 
 
 def main():

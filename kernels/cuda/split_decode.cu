@@ -70,13 +70,18 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
   ptx::MmaF16(c, a0, a1, a2, a3, b0, b1);
 }
 
+// What one thread holds of a page's V block.
+template <int D>
+struct VRegs {
+  uint32_t vp[8];   // V {scale, offset} of tokens g + 8r
+  uint4 v[D / 32];  // V code chunks
+};
+
 // What one thread loads of one page (one layer, one KV head).
 template <int D>
-struct PageRegs {
+struct PageRegs : VRegs<D> {
   uint32_t k[8][D / 64];  // K row words of tokens g + 8r
   uint32_t kp[8];         // K {scale, offset} of those tokens
-  uint32_t vp[8];         // V {scale, offset} of those tokens
-  uint4 v[D / 32];        // V code chunks
 };
 
 // Bytes of one (page, layer, KV head): its K block then its V block.
@@ -121,11 +126,10 @@ struct WarpState {
 };
 
 template <int D>
-__device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>& r,
-                                            const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
-                                            const float (&sumq4)[2]) {
+__device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
+                                        const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
+                                        const float (&sumq4)[2]) {
   // Sᵀ = K·Qᵀ, four 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8).
-  float s[4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
@@ -145,6 +149,12 @@ __device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>&
       s[i][e] = HalfHi(kp) * sumq[col] + HalfLo(kp) * (s[i][e] - 1024.0f * sumq4[col]);
     }
   }
+}
+
+// The page's scores s (KScores) into the warp's softmax state and its V product.
+template <int D>
+__device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
+                                            const VRegs<D>& r) {
   // Online softmax per head column. Once the running maxima settle the rescale is skipped
   // (a warp-uniform vote), which changes nothing numerically: alpha would be exactly 1.
   float alpha[2];
@@ -208,7 +218,7 @@ __device__ __forceinline__ void ProcessPage(WarpState<D>& st, const PageRegs<D>&
   }
 }
 
-template <int D>
+template <int D, bool Overlap>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
                       Workspace ws) {
@@ -313,16 +323,56 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
 
-  for (int i = 0; i < my_pages; ++i) {
+  // Page i from its stage into registers; the stage then takes page i + kStages.
+  auto load = [&](PageRegs<D>& r, int i) {
     BarrierWait(bars + i % kStages, (i / kStages) & 1);
-    PageRegs<D> cur;
-    LoadPage(cur, stages + (i % kStages) * kStageBytes<D>, lane);
+    LoadPage(r, stages + (i % kStages) * kStageBytes<D>, lane);
     __syncwarp();
     if (lane == 0 && i + kStages < my_pages) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before its writes
       issue(i + kStages);
     }
-    ProcessPage(st, cur, bq, sumq, sumq4);
+  };
+  if constexpr (Overlap) {
+    // The scores of page i + 1 are computed before page i's softmax and V product, so the two
+    // pages' independent tensor-core chains interleave (a warp's page is otherwise one long
+    // dependent chain, and 3 warps per scheduler do not hide it).
+    if (my_pages > 0) {
+      VRegs<D> cur;
+      float s[4][4];
+      {
+        PageRegs<D> first;
+        load(first, 0);
+        KScores(s, first, bq, sumq, sumq4);
+        cur = first;
+      }
+      for (int i = 0; i < my_pages; ++i) {
+        PageRegs<D> next;
+        float s_next[4][4];
+        const bool more = i + 1 < my_pages;
+        if (more) {
+          load(next, i + 1);
+          KScores(s_next, next, bq, sumq, sumq4);
+        }
+        SoftmaxAndV(st, s, cur);
+        if (more) {
+          cur = next;  // its V half
+#pragma unroll
+          for (int t4 = 0; t4 < 4; ++t4) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[t4][e] = s_next[t4][e];
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = 0; i < my_pages; ++i) {
+      PageRegs<D> cur;
+      load(cur, i);
+      float s[4][4];
+      KScores(s, cur, bq, sumq, sumq4);
+      SoftmaxAndV(st, s, cur);
+    }
   }
   // Row sums over the 8 row groups of the warp.
 #pragma unroll
@@ -762,7 +812,12 @@ bool WindowCtas(const SplitDecodeVariant& v, int64_t window_ctas, int64_t capaci
 int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVariant& variant) {
   const bool d64 = head_dim == 64;
   if (history != PageEncoding::kBf16) {
-    return d64 ? Occupancy(Int2HistoryKernel<64>, 0) : Occupancy(Int2HistoryKernel<128>, 0);
+    if (variant.int2_overlap_pages) {
+      return d64 ? Occupancy(Int2HistoryKernel<64, true>, 0)
+                 : Occupancy(Int2HistoryKernel<128, true>, 0);
+    }
+    return d64 ? Occupancy(Int2HistoryKernel<64, false>, 0)
+               : Occupancy(Int2HistoryKernel<128, false>, 0);
   }
   if (!variant.bf16_tensor_cores) {
     return d64 ? Occupancy(Bf16HistoryKernel<64>, 0) : Occupancy(Bf16HistoryKernel<128>, 0);
@@ -843,9 +898,12 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     } else if (bf16_history) {
       Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
           p, plan.pages_per_split, ws);
+    } else if (v.int2_overlap_pages) {
+      Int2HistoryKernel<D, true><<<history_grid, kThreads, 0, stream>>>(p, plan.pages_per_split,
+                                                                        window_ctas, ws);
     } else {
-      Int2HistoryKernel<D><<<history_grid, kThreads, 0, stream>>>(p, plan.pages_per_split,
-                                                                  window_ctas, ws);
+      Int2HistoryKernel<D, false><<<history_grid, kThreads, 0, stream>>>(p, plan.pages_per_split,
+                                                                         window_ctas, ws);
     }
     if (window_ctas == 0) {
       if (v.bf16_tensor_cores) {

@@ -170,6 +170,7 @@ const SplitDecodeVariant kVariants[] = {
     {},
     {.fuse_window = false},
     {.bf16_max_pages_per_split = 2},
+    {.int2_overlap_pages = true},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
