@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kvstrata::transport {
 
@@ -23,6 +24,19 @@ struct PoolHandle {
   uint64_t pool_id = 0;
   uint64_t pool_bytes = 0;
 };
+
+// The hello's fields, and its bytes on the socket: the magic, then pool_id and pool_bytes
+// little-endian.
+struct PoolHello {
+  uint64_t pool_id = 0;
+  uint64_t pool_bytes = 0;
+};
+inline constexpr size_t kPoolHelloBytes = 32;
+
+std::string EncodePoolHello(const PoolHello& hello);
+// The hello in `bytes` (what one recvmsg returned). DataLoss when they are not kPoolHelloBytes
+// or do not start with the magic.
+absl::StatusOr<PoolHello> ParsePoolHello(absl::string_view bytes);
 
 class PoolSocketServer {
  public:
