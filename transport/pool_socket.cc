@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -63,7 +64,13 @@ absl::StatusOr<PoolHello> ParsePoolHello(absl::string_view bytes) {
     return absl::DataLossError("not a kvstrata pool hello: no magic");
   }
   const uint8_t* in = reinterpret_cast<const uint8_t*>(bytes.data());
-  return PoolHello{.pool_id = GetLe64(in + 16), .pool_bytes = GetLe64(in + 24)};
+  const PoolHello hello{.pool_id = GetLe64(in + 16), .pool_bytes = GetLe64(in + 24)};
+  // The importer sizes its mapping, and bounds every placement, by an int64 (CUDA's VMM API).
+  if (hello.pool_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::DataLossError(
+        absl::StrCat("not a kvstrata pool hello: a pool of ", hello.pool_bytes, " bytes"));
+  }
+  return hello;
 }
 
 absl::StatusOr<std::unique_ptr<PoolSocketServer>> PoolSocketServer::Start(

@@ -8,6 +8,7 @@
 // may map its pages. No CUDA here; the descriptor is whatever the store's provider returns.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,7 +36,7 @@ inline constexpr size_t kPoolHelloBytes = 32;
 
 std::string EncodePoolHello(const PoolHello& hello);
 // The hello in `bytes` (what one recvmsg returned). DataLoss when they are not kPoolHelloBytes
-// or do not start with the magic.
+// or do not start with the magic, or the pool's size does not fit an int64.
 absl::StatusOr<PoolHello> ParsePoolHello(absl::string_view bytes);
 
 class PoolSocketServer {

@@ -74,10 +74,11 @@ TEST(PoolHello, RoundTripsAndIsLittleEndian) {
   EXPECT_EQ(hello->pool_bytes, 1ull << 34);
 }
 
-TEST(PoolHello, AShortLongOrForeignHelloIsDataLoss) {
+TEST(PoolHello, AMalformedHelloIsDataLoss) {
   const std::string good = EncodePoolHello({.pool_id = 1, .pool_bytes = 4096});
   for (const std::string& bad :
-       {std::string(), good.substr(0, 31), good + "x", "kvstrata-pool v1" + good.substr(16)}) {
+       {std::string(), good.substr(0, 31), good + "x", "kvstrata-pool v1" + good.substr(16),
+        EncodePoolHello({.pool_id = 1, .pool_bytes = 1ull << 63})}) {
     absl::StatusOr<PoolHello> hello = ParsePoolHello(bad);
     EXPECT_EQ(hello.status().code(), absl::StatusCode::kDataLoss) << bad.size();
     EXPECT_THAT(hello.status().message(), HasSubstr("not a kvstrata pool hello"));
