@@ -19,6 +19,7 @@
 #include "kvstrata/v1/generate.pb.h"
 #include "model/loader.h"
 #include "model/tiny_model.h"
+#include "transport/pool_socket.h"
 
 namespace kvstrata {
 namespace {
@@ -132,6 +133,17 @@ int Run(const fs::path& out) {
         Write(out / "page" / absl::StrCat("page-", n++, "-", PageEncodingName(e)),
               std::string(page->begin(), page->end()));
       }
+    }
+  }
+
+  // Pool socket hellos: a small pool, a 141 GiB one, the largest size a hello may carry.
+  {
+    int n = 0;
+    for (const transport::PoolHello& hello :
+         {transport::PoolHello{.pool_id = 1, .pool_bytes = 4 * 16640},
+          transport::PoolHello{.pool_id = 0x1122334455667788ull, .pool_bytes = 141ull << 30},
+          transport::PoolHello{.pool_id = ~0ull, .pool_bytes = ~0ull >> 1}}) {
+      Write(out / "pool_hello" / absl::StrCat("hello-", n++), transport::EncodePoolHello(hello));
     }
   }
 
