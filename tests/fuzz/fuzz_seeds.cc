@@ -13,12 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "core/page_format.h"
+#include "core/tenant_keys.h"
 #include "engine/rotations.h"
 #include "kvstrata/v1/generate.pb.h"
 #include "model/loader.h"
 #include "model/tiny_model.h"
+#include "tests/fuzz/fuzz_keys.h"
 #include "transport/pool_socket.h"
 
 namespace kvstrata {
@@ -145,6 +148,17 @@ int Run(const fs::path& out) {
           transport::PoolHello{.pool_id = ~0ull, .pool_bytes = ~0ull >> 1}}) {
       Write(out / "pool_hello" / absl::StrCat("hello-", n++), transport::EncodePoolHello(hello));
     }
+  }
+
+  // API key files: comments, a tenant with two keys (a rotation), tabs, uppercase hex, CRLF.
+  {
+    const std::string key = HashApiKey(fuzz::kApiKey);
+    const std::string other = HashApiKey("another key");
+    Write(out / "api_keys_file" / "one",
+          absl::StrCat("# tenant   sha256 of the key\nacme ", key, "\n"));
+    Write(out / "api_keys_file" / "rotation",
+          absl::StrCat("acme\t", other, "\n\n  # the new key\nacme  ", absl::AsciiStrToUpper(key),
+                       "\r\nglobex ", HashApiKey("globex"), "\r\n"));
   }
 
   // Generate requests of every input kind and most fields.
