@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,7 +19,6 @@ namespace {
 
 constexpr char kMagic[16] = {'K', 'V', 'S', 'T', 'R', 'A', 'T', 'A',
                              '-', 'P', 'O', 'O', 'L', ' ', 'v', '1'};
-constexpr size_t kHelloBytes = 32;
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", strerror(errno)));
@@ -45,6 +45,33 @@ uint64_t GetLe64(const uint8_t* in) {
 }
 
 }  // namespace
+
+std::string EncodePoolHello(const PoolHello& hello) {
+  std::string bytes(kPoolHelloBytes, '\0');
+  uint8_t* out = reinterpret_cast<uint8_t*>(bytes.data());
+  std::memcpy(out, kMagic, sizeof(kMagic));
+  PutLe64(out + 16, hello.pool_id);
+  PutLe64(out + 24, hello.pool_bytes);
+  return bytes;
+}
+
+absl::StatusOr<PoolHello> ParsePoolHello(absl::string_view bytes) {
+  if (bytes.size() != kPoolHelloBytes) {
+    return absl::DataLossError(
+        absl::StrCat("not a kvstrata pool hello: ", bytes.size(), " bytes, not ", kPoolHelloBytes));
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError("not a kvstrata pool hello: no magic");
+  }
+  const uint8_t* in = reinterpret_cast<const uint8_t*>(bytes.data());
+  const PoolHello hello{.pool_id = GetLe64(in + 16), .pool_bytes = GetLe64(in + 24)};
+  // The importer sizes its mapping, and bounds every placement, by an int64 (CUDA's VMM API).
+  if (hello.pool_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::DataLossError(
+        absl::StrCat("not a kvstrata pool hello: a pool of ", hello.pool_bytes, " bytes"));
+  }
+  return hello;
+}
 
 absl::StatusOr<std::unique_ptr<PoolSocketServer>> PoolSocketServer::Start(
     const std::string& path, uint64_t pool_id, uint64_t pool_bytes,
@@ -99,11 +126,8 @@ void PoolSocketServer::Serve() {
       close(conn);
       continue;
     }
-    uint8_t hello[kHelloBytes];
-    std::memcpy(hello, kMagic, sizeof(kMagic));
-    PutLe64(hello + 16, pool_id_);
-    PutLe64(hello + 24, pool_bytes_);
-    iovec iov{hello, sizeof(hello)};
+    std::string hello = EncodePoolHello({.pool_id = pool_id_, .pool_bytes = pool_bytes_});
+    iovec iov{hello.data(), hello.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -115,7 +139,7 @@ void PoolSocketServer::Serve() {
     cmsg->cmsg_type = SCM_RIGHTS;
     cmsg->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(cmsg), &*fd, sizeof(int));
-    if (sendmsg(conn, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(hello))) ++handed_out_;
+    if (sendmsg(conn, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size())) ++handed_out_;
     close(*fd);
     close(conn);
   }
@@ -138,7 +162,7 @@ absl::StatusOr<PoolHandle> ReceivePoolHandle(const std::string& path, int timeou
     return absl::DeadlineExceededError(
         absl::StrCat("pool socket ", path, ": no answer within ", timeout_ms, " ms"));
   }
-  uint8_t hello[kHelloBytes];
+  char hello[kPoolHelloBytes];
   iovec iov{hello, sizeof(hello)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
@@ -153,12 +177,15 @@ absl::StatusOr<PoolHandle> ReceivePoolHandle(const std::string& path, int timeou
       std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
     }
   }
-  if (n != static_cast<ssize_t>(sizeof(hello)) || std::memcmp(hello, kMagic, sizeof(kMagic)) != 0 ||
-      fd < 0) {
+  absl::StatusOr<PoolHello> parsed =
+      ParsePoolHello(absl::string_view(hello, n < 0 ? 0 : static_cast<size_t>(n)));
+  if (!parsed.ok() || fd < 0) {
     if (fd >= 0) close(fd);
-    return absl::DataLossError(absl::StrCat("pool socket ", path, ": not a kvstrata pool hello"));
+    return absl::DataLossError(absl::StrCat(
+        "pool socket ", path, ": ",
+        parsed.ok() ? "not a kvstrata pool hello: no descriptor" : parsed.status().message()));
   }
-  return PoolHandle{.fd = fd, .pool_id = GetLe64(hello + 16), .pool_bytes = GetLe64(hello + 24)};
+  return PoolHandle{.fd = fd, .pool_id = parsed->pool_id, .pool_bytes = parsed->pool_bytes};
 }
 
 std::string HostBootId() {

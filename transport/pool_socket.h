@@ -8,6 +8,7 @@
 // may map its pages. No CUDA here; the descriptor is whatever the store's provider returns.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kvstrata::transport {
 
@@ -23,6 +25,19 @@ struct PoolHandle {
   uint64_t pool_id = 0;
   uint64_t pool_bytes = 0;
 };
+
+// The hello's fields, and its bytes on the socket: the magic, then pool_id and pool_bytes
+// little-endian.
+struct PoolHello {
+  uint64_t pool_id = 0;
+  uint64_t pool_bytes = 0;
+};
+inline constexpr size_t kPoolHelloBytes = 32;
+
+std::string EncodePoolHello(const PoolHello& hello);
+// The hello in `bytes` (what one recvmsg returned). DataLoss when they are not kPoolHelloBytes
+// or do not start with the magic, or the pool's size does not fit an int64.
+absl::StatusOr<PoolHello> ParsePoolHello(absl::string_view bytes);
 
 class PoolSocketServer {
  public:

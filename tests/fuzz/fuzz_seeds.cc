@@ -13,12 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "core/page_format.h"
+#include "core/page_mac.h"
+#include "core/tenant_keys.h"
 #include "engine/rotations.h"
+#include "kvstrata/v1/common.pb.h"
 #include "kvstrata/v1/generate.pb.h"
 #include "model/loader.h"
 #include "model/tiny_model.h"
+#include "tests/fuzz/fuzz_keys.h"
+#include "transport/pool_socket.h"
 
 namespace kvstrata {
 namespace {
@@ -131,6 +137,76 @@ int Run(const fs::path& out) {
         if (!page.ok()) return Fail(page.status(), "page");
         Write(out / "page" / absl::StrCat("page-", n++, "-", PageEncodingName(e)),
               std::string(page->begin(), page->end()));
+      }
+    }
+  }
+
+  // Pool socket hellos: a small pool, a 141 GiB one, the largest size a hello may carry.
+  {
+    int n = 0;
+    for (const transport::PoolHello& hello :
+         {transport::PoolHello{.pool_id = 1, .pool_bytes = 4 * 16640},
+          transport::PoolHello{.pool_id = 0x1122334455667788ull, .pool_bytes = 141ull << 30},
+          transport::PoolHello{.pool_id = ~0ull, .pool_bytes = ~0ull >> 1}}) {
+      Write(out / "pool_hello" / absl::StrCat("hello-", n++), transport::EncodePoolHello(hello));
+    }
+  }
+
+  // API key files: comments, a tenant with two keys (a rotation), tabs, uppercase hex, CRLF.
+  {
+    const std::string key = HashApiKey(fuzz::kApiKey);
+    const std::string other = HashApiKey("another key");
+    Write(out / "api_keys_file" / "one",
+          absl::StrCat("# tenant   sha256 of the key\nacme ", key, "\n"));
+    Write(out / "api_keys_file" / "rotation",
+          absl::StrCat("acme\t", other, "\n\n  # the new key\nacme  ", absl::AsciiStrToUpper(key),
+                       "\r\nglobex ", HashApiKey("globex"), "\r\n"));
+  }
+
+  // Page MAC key files: one key; two (mid-rotation) with a comment, uppercase, a longer key, CRLF.
+  {
+    Write(out / "page_mac_key_file" / "one", absl::StrCat(fuzz::kPageMacKeyA, "\n"));
+    Write(out / "page_mac_key_file" / "rotation",
+          absl::StrCat("# signing key first\r\n", absl::AsciiStrToUpper(fuzz::kPageMacKeyB),
+                       "\r\n\n  ", fuzz::kPageMacKeyA, fuzz::kPageMacKeyA, "  \n"));
+  }
+
+  // Fetched pages with their headers (page_mac_fuzz.cc: uint16 header length, PageHeader, body),
+  // MACed with key A, with key B, with none, with a truncated MAC.
+  {
+    absl::StatusOr<std::shared_ptr<const PageMacKeys>> a =
+        PageMacKeys::FromHex({fuzz::kPageMacKeyA});
+    absl::StatusOr<std::shared_ptr<const PageMacKeys>> b =
+        PageMacKeys::FromHex({fuzz::kPageMacKeyB});
+    if (!a.ok() || !b.ok()) return Fail(a.ok() ? b.status() : a.status(), "page MAC keys");
+    const KvGeometry g{
+        .num_layers = 1, .num_kv_heads = 1, .head_dim = 64, .group_size = 64, .page_tokens = 64};
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    std::vector<float> kv(size_t{2} * g.page_tokens * g.head_dim);
+    for (float& v : kv) v = normal(rng);
+    int n = 0;
+    for (PageEncoding e : {PageEncoding::kBf16, PageEncoding::kInt2Uniform}) {
+      PageKey key;
+      key.bytes.fill(static_cast<uint8_t>(0x40 + n));
+      absl::StatusOr<std::vector<uint8_t>> page =
+          EncodePage({.geometry = g, .encoding = e, .page_index = 1, .key = key}, kv);
+      if (!page.ok()) return Fail(page.status(), "page");
+      const std::span<const uint8_t> bytes(*page);
+      for (const std::string& mac : {(*a)->Sign(key, bytes), (*b)->Sign(key, bytes), std::string(),
+                                     (*a)->Sign(key, bytes).substr(0, 16)}) {
+        v1::PageHeader header;
+        header.set_key(key.ToBytes());
+        header.set_page_index(1);
+        header.set_encoding(e == PageEncoding::kBf16 ? v1::PAGE_ENCODING_BF16
+                                                     : v1::PAGE_ENCODING_INT2);
+        header.set_byte_length(page->size());
+        header.set_mac(mac);
+        const std::string h = header.SerializeAsString();
+        std::string input = {static_cast<char>(h.size() & 0xff), static_cast<char>(h.size() >> 8)};
+        input += h;
+        input.append(page->begin(), page->end());
+        Write(out / "page_mac" / absl::StrCat("page-", n++), input);
       }
     }
   }

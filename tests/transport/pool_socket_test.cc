@@ -60,6 +60,31 @@ TEST(PoolSocket, HandsOutTheDescriptorWithTheHello) {
   close(memfd);
 }
 
+TEST(PoolHello, RoundTripsAndIsLittleEndian) {
+  const std::string bytes =
+      EncodePoolHello({.pool_id = 0x1122334455667788ull, .pool_bytes = 1ull << 34});
+  ASSERT_EQ(bytes.size(), kPoolHelloBytes);
+  EXPECT_EQ(bytes.substr(0, 16), "KVSTRATA-POOL v1");
+  EXPECT_EQ(bytes[16], '\x88');
+  EXPECT_EQ(bytes[23], '\x11');
+  EXPECT_EQ(bytes[28], '\x04');  // 1 << 34
+  absl::StatusOr<PoolHello> hello = ParsePoolHello(bytes);
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->pool_id, 0x1122334455667788ull);
+  EXPECT_EQ(hello->pool_bytes, 1ull << 34);
+}
+
+TEST(PoolHello, AMalformedHelloIsDataLoss) {
+  const std::string good = EncodePoolHello({.pool_id = 1, .pool_bytes = 4096});
+  for (const std::string& bad :
+       {std::string(), good.substr(0, 31), good + "x", "kvstrata-pool v1" + good.substr(16),
+        EncodePoolHello({.pool_id = 1, .pool_bytes = 1ull << 63})}) {
+    absl::StatusOr<PoolHello> hello = ParsePoolHello(bad);
+    EXPECT_EQ(hello.status().code(), absl::StatusCode::kDataLoss) << bad.size();
+    EXPECT_THAT(hello.status().message(), HasSubstr("not a kvstrata pool hello"));
+  }
+}
+
 TEST(PoolSocket, NothingListeningIsUnavailable) {
   absl::StatusOr<PoolHandle> handle = ReceivePoolHandle(TestPath("absent"));
   EXPECT_EQ(handle.status().code(), absl::StatusCode::kUnavailable);
