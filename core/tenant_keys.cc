@@ -31,6 +31,14 @@ std::string HashApiKey(absl::string_view api_key) {
   return Sha256Hex(std::string_view(api_key.data(), api_key.size()));
 }
 
+size_t FirstBadTenantByte(absl::string_view tenant) {
+  for (size_t i = 0; i < tenant.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(tenant[i]);
+    if (!absl::ascii_isalnum(c) && !absl::StrContains(kTenantNameChars, tenant[i])) return i;
+  }
+  return absl::string_view::npos;
+}
+
 TenantKeys::TenantKeys(std::string path, absl::Duration reload_interval, const Clock* clock)
     : path_(std::move(path)), reload_interval_(reload_interval), clock_(clock) {
   if (clock_ == nullptr) clock_ = &system_clock_;
@@ -68,6 +76,13 @@ absl::StatusOr<absl::flat_hash_map<std::string, std::string>> TenantKeys::Parse(
     if (fields.size() != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": want \"<tenant> <sha256 hex of the key>\""));
+    }
+    // The name itself stays out of the message: its bad byte is what must not reach a log.
+    if (const size_t bad = FirstBadTenantByte(fields[0]); bad != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": byte 0x",
+          absl::Hex(static_cast<unsigned char>(fields[0][bad]), absl::kZeroPad2), " at offset ",
+          bad, " of the tenant name; a tenant name holds only A-Z a-z 0-9 and ", kTenantNameChars));
     }
     std::string hash = absl::AsciiStrToLower(fields[1]);
     if (hash.size() != 64 || !std::all_of(hash.begin(), hash.end(), [](char c) {

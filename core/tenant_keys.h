@@ -9,6 +9,9 @@
 //   # tenant   sha256 of the key (lowercase hex)
 //   acme       9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 //
+// A tenant name is 1 or more of A-Z a-z 0-9 . _ : @ / - (kTenantNameChars): it reaches logs
+// and metrics labels, so control characters, quotes and non-ASCII bytes are refused.
+//
 // A tenant may have several keys (one line each), which is how keys rotate: add the new line,
 // hand out the new key, remove the old line. The file is re-read when it changes (checked at
 // most every reload interval, on the next authentication), so rotation needs no restart; a
@@ -35,6 +38,13 @@ std::string BearerToken(absl::string_view authorization);
 
 // Lowercase hex SHA-256 of a key: what the key file holds (`kvstrata hash-api-key` prints it).
 std::string HashApiKey(absl::string_view api_key);
+
+// The bytes a tenant name may hold, besides ASCII letters and digits.
+inline constexpr absl::string_view kTenantNameChars = "._:@/-";
+
+// The offset of the first byte of `tenant` outside [A-Za-z0-9] and kTenantNameChars;
+// npos when there is none (an empty name is valid here: callers refuse it themselves).
+size_t FirstBadTenantByte(absl::string_view tenant);
 
 class TenantKeys {
  public:

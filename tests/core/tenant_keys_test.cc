@@ -77,6 +77,44 @@ TEST_F(TenantKeysTest, RefusesBadFiles) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(TenantKeysTest, RefusesTenantNamesThatCouldForgeLogsOrLabels) {
+  const std::string hash = HashApiKey("k");
+  // A control character, a byte outside ASCII, a quote: none splits the line, all refused.
+  Write(absl::StrCat("# tenants\nacme ", HashApiKey("a"), "\nev\x1b[2Jil ", hash, "\n"));
+  absl::Status s = TenantKeys::Load(path_, absl::Seconds(1), &clock_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(path_, "\" line 3: byte 0x1b at offset 2")));
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("\x1b")));
+  Write(absl::StrCat("caf\xc3\xa9 ", hash, "\n"));
+  EXPECT_THAT(TenantKeys::Load(path_, absl::Seconds(1), &clock_).status().message(),
+              HasSubstr("line 1: byte 0xc3 at offset 3"));
+  Write(absl::StrCat("a\"b ", hash, "\n"));
+  EXPECT_THAT(TenantKeys::Load(path_, absl::Seconds(1), &clock_).status().message(),
+              HasSubstr("line 1: byte 0x22 at offset 1"));
+  // \r inside the name (not at the line's end, where it is CRLF and stripped).
+  Write(absl::StrCat("a\rb ", hash, "\r\n"));
+  EXPECT_THAT(TenantKeys::Load(path_, absl::Seconds(1), &clock_).status().message(),
+              HasSubstr("line 1: byte 0x0d at offset 1"));
+
+  // Every allowed byte, and a CRLF line end, still load.
+  Write(absl::StrCat("Team-7.prod_eu:svc@example.org/ml ", hash, "\r\n"));
+  absl::StatusOr<std::unique_ptr<TenantKeys>> keys =
+      TenantKeys::Load(path_, absl::Seconds(1), &clock_);
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_EQ(*(*keys)->TenantFor("k"), "Team-7.prod_eu:svc@example.org/ml");
+}
+
+TEST(FirstBadTenantByteTest, AllowsLettersDigitsAndTheListedPunctuationOnly) {
+  for (int c = 0; c < 256; ++c) {
+    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' || c == '@' ||
+                         c == '/' || c == '-';
+    const std::string name = absl::StrCat("ok", std::string(1, static_cast<char>(c)));
+    EXPECT_EQ(FirstBadTenantByte(name), allowed ? absl::string_view::npos : 2) << "byte " << c;
+  }
+  EXPECT_EQ(FirstBadTenantByte(""), absl::string_view::npos);
+}
+
 TEST(BearerTokenTest, TakesTheKeyOfABearerValue) {
   EXPECT_EQ(BearerToken("Bearer abc"), "abc");
   EXPECT_EQ(BearerToken("bearer  abc "), "abc");

@@ -152,7 +152,8 @@ int Run(const fs::path& out) {
     }
   }
 
-  // API key files: comments, a tenant with two keys (a rotation), tabs, uppercase hex, CRLF.
+  // API key files: comments, a tenant with two keys (a rotation), tabs, uppercase hex, CRLF,
+  // every punctuation byte a tenant name may hold.
   {
     const std::string key = HashApiKey(fuzz::kApiKey);
     const std::string other = HashApiKey("another key");
@@ -161,6 +162,8 @@ int Run(const fs::path& out) {
     Write(out / "api_keys_file" / "rotation",
           absl::StrCat("acme\t", other, "\n\n  # the new key\nacme  ", absl::AsciiStrToUpper(key),
                        "\r\nglobex ", HashApiKey("globex"), "\r\n"));
+    Write(out / "api_keys_file" / "punctuation",
+          absl::StrCat("Team-7.eu_prod:svc@example.org/ml ", key, "\n"));
   }
 
   // Page MAC key files: one key; two (mid-rotation) with a comment, uppercase, a longer key, CRLF.

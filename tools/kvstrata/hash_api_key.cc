@@ -21,8 +21,10 @@ namespace {
 
 int RunHashApiKey() {
   const std::string tenant = absl::GetFlag(FLAGS_tenant);
-  if (tenant.empty() || tenant.find_first_of(" \t") != std::string::npos) {
-    std::fprintf(stderr, "kvstrata hash-api-key: --tenant: a name without spaces is required\n");
+  if (tenant.empty() || FirstBadTenantByte(tenant) != absl::string_view::npos) {
+    std::fprintf(stderr,
+                 "kvstrata hash-api-key: --tenant: a name of A-Z a-z 0-9 and %s is required\n",
+                 std::string(kTenantNameChars).c_str());
     return 2;
   }
   std::string key;
