@@ -19,6 +19,7 @@
 #include "core/status_macros.h"
 #include "rpc/parse.h"
 #include "rpc/status.h"
+#include "services/kvstore/put_header.h"
 #include "services/kvstore/transport.h"
 
 namespace kvstrata::kvstore {
@@ -174,8 +175,6 @@ namespace {
 constexpr size_t kEventsPerBatch = 256;
 // How often a WatchEvents stream with no events checks for cancellation.
 constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
-// A PageHeader.mac longer than this is refused (core/page_mac.h uses 32 bytes).
-constexpr size_t kMaxMacBytes = 64;
 
 absl::StatusOr<PageKey> ParseKey(const std::string& bytes, const std::string& field) {
   absl::StatusOr<PageKey> key = PageKey::FromBytes(bytes);
@@ -223,46 +222,6 @@ void FillHeader(const PageMeta& meta, v1::PageHeader* header) {
   header->set_byte_length(meta.byte_length);
   header->set_checksum_xxh3_64(meta.checksum_xxh3_64);
   header->set_mac(meta.mac);
-}
-
-// A Put header as the store's PageMeta, or INVALID_ARGUMENT naming the field.
-absl::StatusOr<PageMeta> ParseHeader(const v1::PageHeader& header, int page_number) {
-  const std::string where = absl::StrCat("page ", page_number, " of the stream");
-  PageMeta meta;
-  KV_ASSIGN_OR_RETURN(meta.key, ParseKey(header.key(), absl::StrCat(where, ": header.key")));
-  // PageHeader (common.proto): page 0 carries the namespace key as its parent, like the page's
-  // own header (docs/kv-format.md), so every page has a 16-byte parent_key.
-  KV_ASSIGN_OR_RETURN(meta.parent_key,
-                      ParseKey(header.parent_key(), absl::StrCat(where, " (", meta.key.ToHex(),
-                                                                 "): header.parent_key")));
-  meta.page_index = header.page_index();
-  switch (header.encoding()) {
-    case v1::PAGE_ENCODING_BF16:
-      meta.form = PageForm::kBf16;
-      break;
-    case v1::PAGE_ENCODING_INT2:
-      meta.form = PageForm::kInt2;
-      break;
-    case v1::PAGE_ENCODING_BF16_RECENT:
-      meta.form = PageForm::kBf16Recent;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " (", meta.key.ToHex(), "): header.encoding is unspecified or unknown"));
-  }
-  if (header.byte_length() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " (", meta.key.ToHex(), "): header.byte_length is 0"));
-  }
-  meta.byte_length = header.byte_length();
-  meta.checksum_xxh3_64 = header.checksum_xxh3_64();
-  if (header.mac().size() > kMaxMacBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " (", meta.key.ToHex(),
-                                                   "): header.mac of ", header.mac().size(),
-                                                   " bytes exceeds ", kMaxMacBytes));
-  }
-  meta.mac = header.mac();
-  return meta;
 }
 
 // Streams a page as one header then chunks of at most chunk_bytes.
@@ -395,7 +354,7 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context, PutStream* stream
                 absl::StrCat("page ", current->key.ToHex(), ": header of the next page after ",
                              buffer.size(), " of ", current->byte_length, " bytes"));
           }
-          KV_ASSIGN_OR_RETURN(current, ParseHeader(request.header(), page_number++));
+          KV_ASSIGN_OR_RETURN(current, ParsePutHeader(request.header(), page_number++));
           if (current->byte_length > store_->options().capacity_bytes) {
             return absl::ResourceExhaustedError(absl::StrCat(
                 "page ", current->key.ToHex(), ": ", current->byte_length,
