@@ -16,7 +16,7 @@ work=${FUZZ_WORK_DIR:-${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/fuzz}
 targets=("$@")
 ((${#targets[@]})) || targets=(page generate_request gguf safetensors hf_config rotation_file
                               chat_template tokenizer openai_request pool_hello api_keys_file
-                              page_mac_key_file page_mac)
+                              page_mac_key_file page_mac put_header)
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 if [[ ! -f $build_dir/build.ninja ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -214,6 +214,32 @@ int Run(const fs::path& out) {
     }
   }
 
+  // Put headers (put_header_fuzz.cc: a serialized PageHeader) that the store accepts: page 0 of a
+  // chain (the namespace key as parent), an INT2 page with a MAC of the largest size, its
+  // BF16_RECENT copy.
+  {
+    const std::string ns(16, '\x5a');
+    const std::string key0(16, '\x01'), key1(16, '\x02');
+    v1::PageHeader header;
+    header.set_key(key0);
+    header.set_parent_key(ns);
+    header.set_encoding(v1::PAGE_ENCODING_BF16);
+    header.set_byte_length(65536);
+    header.set_checksum_xxh3_64(0x0123456789abcdefull);
+    Write(out / "put_header" / "page-0-bf16", header.SerializeAsString());
+    header.set_key(key1);
+    header.set_parent_key(key0);
+    header.set_page_index(1);
+    header.set_encoding(v1::PAGE_ENCODING_INT2);
+    header.set_byte_length(9216);
+    header.set_mac(std::string(64, '\xa5'));
+    Write(out / "put_header" / "page-1-int2-mac", header.SerializeAsString());
+    header.set_encoding(v1::PAGE_ENCODING_BF16_RECENT);
+    header.set_byte_length(65536);
+    header.clear_mac();
+    Write(out / "put_header" / "page-1-bf16-recent", header.SerializeAsString());
+  }
+
   // Generate requests of every input kind and most fields.
   {
     std::vector<v1::GenerateRequest> requests(5);
