@@ -216,14 +216,19 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
 template <int D>
 __device__ __forceinline__ void Bf16WindowSlot(const SplitDecodeCudaParams& p, const Workspace& ws,
                                                int i, int h, int b, uint8_t* smem) {
+  const int G = p.num_q_heads / p.geometry.num_kv_heads;
+  const int n0 = p.segments[0].num_pages(b), n2 = p.segments[2].num_pages(b);
   const int64_t row0 = PartialRow(ws, b, p.geometry.num_kv_heads, h, i);
-  int page = 0;
-  const PagedSegmentView* seg = WindowSlotPage(p, b, i, &page);
-  if (seg == nullptr) {
-    WriteEmptyPartial<D>(p.num_q_heads / p.geometry.num_kv_heads, row0, ws);
+  if (i >= n0 + n2) {
+    for (int e = threadIdx.x; e < G * D; e += kThreads) {
+      ws.part_o[(row0 + e / D) * D + e % D] = 0.0f;
+      if (e % D == 0) ws.part_lse[row0 + e / D] = -INFINITY;
+    }
     return;
   }
-  Bf16PageRange<D, 2>(p, *seg, b, h, page, page + 1, smem, row0, ws);
+  const PagedSegmentView& seg = i < n0 ? p.segments[0] : p.segments[2];
+  const int page = i < n0 ? i : i - n0;
+  Bf16PageRange<D, 2>(p, seg, b, h, page, page + 1, smem, row0, ws);
 }
 
 }  // namespace kvstrata::kernels::split

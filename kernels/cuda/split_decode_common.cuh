@@ -6,8 +6,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/split_decode.h"
-
 namespace kvstrata::kernels::split {
 
 constexpr int kWarps = 4;
@@ -27,26 +25,6 @@ struct Workspace {
 __device__ __forceinline__ int64_t PartialRow(const Workspace& ws, int b, int kv_heads, int h,
                                               int slot) {
   return ((int64_t{b} * kv_heads + h) * ws.slots + slot) * kMaxGroup;
-}
-
-// Writes an empty partial (o = 0, lse = -inf) for the G heads of workspace row row0: a slot
-// that holds no token. Every thread of the CTA calls it.
-template <int D>
-__device__ __forceinline__ void WriteEmptyPartial(int G, int64_t row0, const Workspace& ws) {
-  for (int e = threadIdx.x; e < G * D; e += kThreads) {
-    ws.part_o[(row0 + e / D) * D + e % D] = 0.0f;
-    if (e % D == 0) ws.part_lse[row0 + e / D] = -INFINITY;
-  }
-}
-
-// Window slot i of sequence b: its i-th sink page, then its recent pages. The segment, with
-// the page's index in it in *page; null for a slot past the sequence's window pages.
-__device__ __forceinline__ const PagedSegmentView* WindowSlotPage(const SplitDecodeCudaParams& p,
-                                                                  int b, int i, int* page) {
-  const int n0 = p.segments[0].num_pages(b), n2 = p.segments[2].num_pages(b);
-  if (i >= n0 + n2) return nullptr;
-  *page = i < n0 ? i : i - n0;
-  return i < n0 ? &p.segments[0] : &p.segments[2];
 }
 
 // Combines the CTA's warps' partials and writes one slot's (o, lse): s_o[w][n][d] is warp w's

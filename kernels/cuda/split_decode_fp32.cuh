@@ -21,14 +21,17 @@ __global__ void __launch_bounds__(kThreads) Bf16PageKernel(SplitDecodeCudaParams
   const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const KvGeometry& geo = p.geometry;
   const int G = p.num_q_heads / geo.num_kv_heads;
+  const int n0 = p.segments[0].num_pages(b), n2 = p.segments[2].num_pages(b);
   const int64_t row0 = PartialRow(ws, b, geo.num_kv_heads, h, i);
-  int page = 0;
-  const PagedSegmentView* window = WindowSlotPage(p, b, i, &page);
-  if (window == nullptr) {
-    WriteEmptyPartial<D>(G, row0, ws);
+  if (i >= n0 + n2) {
+    for (int e = threadIdx.x; e < G * D; e += kThreads) {
+      ws.part_o[(row0 + e / D) * D + e % D] = 0.0f;
+      if (e % D == 0) ws.part_lse[row0 + e / D] = -INFINITY;
+    }
     return;
   }
-  const PagedSegmentView& seg = *window;
+  const PagedSegmentView& seg = i < n0 ? p.segments[0] : p.segments[2];
+  const int page = i < n0 ? i : i - n0;
   const int tokens = page + 1 == seg.num_pages(b) ? seg.last_page_len[b] : geo.page_tokens;
   const uint32_t* kb = reinterpret_cast<const uint32_t*>(seg.block(geo, b, page, p.layer, 0, h));
   const uint32_t* vb = reinterpret_cast<const uint32_t*>(seg.block(geo, b, page, p.layer, 1, h));
