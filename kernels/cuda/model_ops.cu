@@ -123,13 +123,85 @@ __global__ void RopeKernel(float* x, int tokens, int heads, int head_dim, const 
   }
 }
 
-__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, void* out,
-                             GemmType type) {
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, int cols,
+                             int64_t in_stride, void* out, GemmType type) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = gate[i];
-    Store(out, i, g / (1.0f + expf(-g)) * up[i], type);
+    const int64_t at = i / cols * in_stride + i % cols;
+    const float g = gate[at];
+    Store(out, i, g / (1.0f + expf(-g)) * up[at], type);
   }
+}
+
+// One warp per (token, head) of the q, k and v heads side by side; lane l holds elements
+// l + 32 j, so RoPE's (i, i + D / 2) pairs sit in one lane and (2i, 2i + 1) in lanes l, l ^ 1.
+template <int J>  // head_dim / 32
+__global__ void SplitQkvHeadsKernel(QkvHeadsParams p) {
+  constexpr int D = 32 * J;
+  const int heads = p.q_heads + 2 * p.kv_heads;
+  const int64_t row = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= int64_t{p.tokens} * heads) return;
+  const int lane = threadIdx.x % 32;
+  const int t = static_cast<int>(row / heads), h = static_cast<int>(row % heads);
+  const float* bias;
+  const float* norm;
+  float* dst;
+  if (h < p.q_heads) {
+    bias = p.bq ? p.bq + h * D : nullptr;
+    norm = p.q_norm;
+    dst = p.q + (int64_t{t} * p.q_heads + h) * D;
+  } else if (h < p.q_heads + p.kv_heads) {
+    const int kh = h - p.q_heads;
+    bias = p.bk ? p.bk + kh * D : nullptr;
+    norm = p.k_norm;
+    dst = p.k + (int64_t{t} * p.kv_heads + kh) * D;
+  } else {
+    const int vh = h - p.q_heads - p.kv_heads;
+    bias = p.bv ? p.bv + vh * D : nullptr;
+    norm = nullptr;
+    dst = p.v + (int64_t{t} * p.kv_heads + vh) * D;
+  }
+  const float* src = p.qkv + row * D;
+  float x[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    x[j] = src[lane + 32 * j];
+    if (bias) x[j] += bias[lane + 32 * j];
+  }
+  if (h < p.q_heads + p.kv_heads) {
+    if (norm) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < J; ++j) ss += x[j] * x[j];
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float inv = rsqrtf(ss / D + p.eps);
+#pragma unroll
+      for (int j = 0; j < J; ++j) x[j] = x[j] * inv * norm[lane + 32 * j];
+    }
+    constexpr int kHalf = D / 2;
+    const float* cos_t = p.cos + int64_t{t} * kHalf;
+    const float* sin_t = p.sin + int64_t{t} * kHalf;
+    if (p.interleaved) {
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[j], 1);
+        const int f = (lane + 32 * j) >> 1;
+        const float c = cos_t[f], s = sin_t[f];
+        x[j] = (lane & 1) == 0 ? x[j] * c - other * s : other * s + x[j] * c;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < J / 2; ++j) {
+        const int f = lane + 32 * j;
+        const float c = cos_t[f], s = sin_t[f];
+        const float x0 = x[j], x1 = x[j + J / 2];
+        x[j] = x0 * c - x1 * s;
+        x[j + J / 2] = x0 * s + x1 * c;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) dst[lane + 32 * j] = x[j];
 }
 
 __global__ void ConvertFloatKernel(const float* in, int64_t n, void* out, GemmType type) {
@@ -145,7 +217,7 @@ constexpr int kRotateRows = 8;
 
 template <int D>
 __global__ void RotateHeadsKernel(const float* in, int rows, int heads, const float* R, int group,
-                                  bool transpose, float* out) {
+                                  bool transpose, void* out, GemmType type) {
   const int h = blockIdx.y;
   const int r0 = blockIdx.x * kRotateRows;
   const int c = threadIdx.x;
@@ -163,7 +235,7 @@ __global__ void RotateHeadsKernel(const float* in, int rows, int heads, const fl
 #pragma unroll
     for (int r = 0; r < kRotateRows; ++r) acc[r] = fmaf(x[r][i], w, acc[r]);
   }
-  for (int r = 0; r < n; ++r) out[(int64_t{r0 + r} * heads + h) * D + c] = acc[r];
+  for (int r = 0; r < n; ++r) Store(out, (int64_t{r0 + r} * heads + h) * D + c, acc[r], type);
 }
 
 __global__ void GatherRowsKernel(const float* in, int cols, const int32_t* row_ids, float* out) {
@@ -173,11 +245,27 @@ __global__ void GatherRowsKernel(const float* in, int cols, const int32_t* row_i
   for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
 }
 
+__global__ void GatherRowsToKernel(const float* in, int cols, const int32_t* row_ids, void* out,
+                                   GemmType type) {
+  const int r = blockIdx.x;
+  const float* src = in + int64_t{row_ids[r]} * cols;
+  const int64_t dst = int64_t{r} * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) Store(out, dst + i, src[i], type);
+}
+
 __global__ void ScatterRowsKernel(const float* in, int cols, const int32_t* row_ids, float* out) {
   const int r = blockIdx.x;
   const float* src = in + int64_t{r} * cols;
   float* dst = out + int64_t{row_ids[r]} * cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void ScatterRowsToKernel(const float* in, int cols, const int32_t* row_ids, void* out,
+                                    GemmType type) {
+  const int r = blockIdx.x;
+  const float* src = in + int64_t{r} * cols;
+  const int64_t dst = int64_t{row_ids[r]} * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) Store(out, dst + i, src[i], type);
 }
 
 unsigned GridFor(int64_t n, int threads) {
@@ -236,11 +324,34 @@ cudaError_t ApplyRope(float* x, int tokens, int heads, int head_dim, const float
   return cudaGetLastError();
 }
 
-cudaError_t SwiGluTo(const float* gate, const float* up, int64_t rows, int cols, void* out,
-                     GemmType type, cudaStream_t stream) {
+cudaError_t SwiGluTo(const float* gate, const float* up, int64_t rows, int cols,
+                     int64_t in_stride, void* out, GemmType type, cudaStream_t stream) {
   const int64_t n = rows * cols;
   if (n <= 0) return cudaSuccess;
-  SwiGluKernel<<<GridFor(n, 256), 256, 0, stream>>>(gate, up, n, out, type);
+  if (in_stride < cols) return cudaErrorInvalidValue;
+  SwiGluKernel<<<GridFor(n, 256), 256, 0, stream>>>(gate, up, n, cols, in_stride, out, type);
+  return cudaGetLastError();
+}
+
+cudaError_t SplitQkvHeads(const QkvHeadsParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t{p.tokens} * (p.q_heads + 2 * p.kv_heads);
+  if (rows <= 0) return cudaSuccess;
+  if ((p.q_norm == nullptr) != (p.k_norm == nullptr)) return cudaErrorInvalidValue;
+  constexpr int kWarpsPerBlock = 8;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  switch (p.head_dim) {
+    case 64:
+      SplitQkvHeadsKernel<2><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(p);
+      break;
+    case 128:
+      SplitQkvHeadsKernel<4><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(p);
+      break;
+    case 256:
+      SplitQkvHeadsKernel<8><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(p);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
@@ -253,16 +364,25 @@ cudaError_t ConvertFloat(const float* in, int64_t n, void* out, GemmType type,
 
 cudaError_t RotateHeads(const float* in, int rows, int heads, int head_dim, const float* R,
                         int group, bool transpose, float* out, cudaStream_t stream) {
+  return RotateHeadsTo(in, rows, heads, head_dim, R, group, transpose, out, GemmType::kFp32,
+                       stream);
+}
+
+cudaError_t RotateHeadsTo(const float* in, int rows, int heads, int head_dim, const float* R,
+                          int group, bool transpose, void* out, GemmType type,
+                          cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (group <= 0 || heads % group != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((rows + kRotateRows - 1) / kRotateRows),
                   static_cast<unsigned>(heads));
   switch (head_dim) {
     case 64:
-      RotateHeadsKernel<64><<<grid, 64, 0, stream>>>(in, rows, heads, R, group, transpose, out);
+      RotateHeadsKernel<64>
+          <<<grid, 64, 0, stream>>>(in, rows, heads, R, group, transpose, out, type);
       break;
     case 128:
-      RotateHeadsKernel<128><<<grid, 128, 0, stream>>>(in, rows, heads, R, group, transpose, out);
+      RotateHeadsKernel<128>
+          <<<grid, 128, 0, stream>>>(in, rows, heads, R, group, transpose, out, type);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -277,10 +397,24 @@ cudaError_t GatherRows(const float* in, int cols, const int32_t* row_ids, int ro
   return cudaGetLastError();
 }
 
+cudaError_t GatherRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
+                         GemmType type, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  GatherRowsToKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out, type);
+  return cudaGetLastError();
+}
+
 cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
                         cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   ScatterRowsKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ScatterRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
+                          GemmType type, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  ScatterRowsToKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out, type);
   return cudaGetLastError();
 }
 

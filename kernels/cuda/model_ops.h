@@ -44,9 +44,34 @@ cudaError_t RopeTables(const int32_t* positions, int tokens, int head_dim, float
 cudaError_t ApplyRope(float* x, int tokens, int heads, int head_dim, const float* cos,
                       const float* sin, bool interleaved, cudaStream_t stream);
 
-// out [rows][cols] (of `type`) = silu(gate) · up, gate and up fp32 [rows][cols].
-cudaError_t SwiGluTo(const float* gate, const float* up, int64_t rows, int cols, void* out,
-                     GemmType type, cudaStream_t stream);
+// out [rows][cols] (of `type`) = silu(gate) · up, gate and up fp32 [rows][cols] with rows
+// `in_stride` floats apart (cols when apart; 2 · cols for one GEMM's [gate | up] rows).
+cudaError_t SwiGluTo(const float* gate, const float* up, int64_t rows, int cols,
+                     int64_t in_stride, void* out, GemmType type, cudaStream_t stream);
+
+// The attention inputs of one GEMM's output qkv fp32 [tokens][(q_heads + 2 kv_heads) head_dim]
+// (the q, k and v projections side by side, as [wq; wk; wv] gives them), in one launch: per
+// head, + bias, then (q and k) RMS norm with q_norm / k_norm, then (q and k) RoPE as ApplyRope;
+// written to q [tokens][q_heads][head_dim] and k, v [tokens][kv_heads][head_dim]. Each step is
+// skipped where its weights are null. The arithmetic of AddBias, RmsNormInPlace and ApplyRope,
+// in the same order, so the result is theirs. head_dim 64, 128 or 256.
+struct QkvHeadsParams {
+  const float* qkv = nullptr;
+  int tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  const float* bq = nullptr;  // [q_heads · head_dim], or null
+  const float* bk = nullptr;  // [kv_heads · head_dim], or null
+  const float* bv = nullptr;
+  const float* q_norm = nullptr;  // [head_dim], or null: no q/k norm
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  const float* cos = nullptr;  // RopeTables' [tokens][head_dim / 2]
+  const float* sin = nullptr;
+  bool interleaved = false;
+  float* q = nullptr;
+  float* k = nullptr;
+  float* v = nullptr;
+};
+cudaError_t SplitQkvHeads(const QkvHeadsParams& p, cudaStream_t stream);
 
 // out [n] (of `type`: a rounding, or a copy for fp32) = in fp32 [n].
 cudaError_t ConvertFloat(const float* in, int64_t n, void* out, GemmType type,
@@ -57,13 +82,23 @@ cudaError_t ConvertFloat(const float* in, int64_t n, void* out, GemmType type,
 // tokens; q heads map to their KV head's rotation with group = q heads per KV head.
 cudaError_t RotateHeads(const float* in, int rows, int heads, int head_dim, const float* R,
                         int group, bool transpose, float* out, cudaStream_t stream);
+// The same, written in `type` (the rotation back from value space straight into a GEMM operand).
+cudaError_t RotateHeadsTo(const float* in, int rows, int heads, int head_dim, const float* R,
+                          int group, bool transpose, void* out, GemmType type,
+                          cudaStream_t stream);
 
 // out fp32 [rows][cols] = in fp32 rows `row_ids` [rows] of a [*][cols] matrix.
 cudaError_t GatherRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
                        cudaStream_t stream);
+// The same, written in `type`.
+cudaError_t GatherRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
+                         GemmType type, cudaStream_t stream);
 
 // out fp32 rows `row_ids` [rows] of a [*][cols] matrix = in fp32 [rows][cols].
 cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
                         cudaStream_t stream);
+// The same, written in `type`.
+cudaError_t ScatterRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
+                          GemmType type, cudaStream_t stream);
 
 }  // namespace kvstrata::kernels

@@ -123,10 +123,21 @@ TEST(ModelOpsGpu, RmsNormEmbeddingSwiGluAndConversions) {
     float* du = ToDevice(up);
     void* dact = nullptr;
     ASSERT_EQ(cudaMalloc(&dact, gate.size() * 4), cudaSuccess);
-    ASSERT_EQ(SwiGluTo(dg, du, rows, 100, dact, type, nullptr), cudaSuccess);
+    ASSERT_EQ(SwiGluTo(dg, du, rows, 100, 100, dact, type, nullptr), cudaSuccess);
     std::vector<float> ref4;
     for (size_t i = 0; i < gate.size(); ++i) ref4.push_back(gate[i] / (1 + std::exp(-gate[i])) * up[i]);
     ExpectNear(ReadBack(dact, gate.size(), type), ref4, Tolerance(type), "SwiGluTo");
+    // The same from one GEMM's [gate | up] rows: 40 of each per row, rows 80 apart.
+    std::vector<float> ref5;
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < 40; ++c) {
+        const float g = gate[r * 80 + c], u = gate[r * 80 + 40 + c];
+        ref5.push_back(g / (1 + std::exp(-g)) * u);
+      }
+    }
+    ASSERT_EQ(SwiGluTo(dg, dg + 40, rows, 40, 80, dact, type, nullptr), cudaSuccess);
+    ExpectNear(ReadBack(dact, ref5.size(), type), ref5, Tolerance(type), "SwiGluTo (strided)");
+    EXPECT_EQ(SwiGluTo(dg, dg + 40, rows, 40, 39, dact, type, nullptr), cudaErrorInvalidValue);
     for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw), dy, dtable,
                     static_cast<void*>(dids), static_cast<void*>(demb), static_cast<void*>(dg),
                     static_cast<void*>(du), dact}) {
@@ -179,6 +190,107 @@ TEST(ModelOpsGpu, RopeBothLayoutsAndBias) {
   }
 }
 
+// SplitQkvHeads against the steps it replaces, written out here in double: bias, RMS norm per
+// head, RoPE, from one [q | k | v] row per token.
+TEST(ModelOpsGpu, SplitQkvHeadsIsBiasNormAndRope) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (int d : {64, 128, 256}) {
+    for (bool interleaved : {false, true}) {
+      for (bool with_bias_and_norm : {false, true}) {
+        const int tokens = 5, qh = 6, kvh = 2, heads = qh + 2 * kvh;
+        const std::vector<int32_t> pos = {0, 1, 63, 4095, 131071};
+        const float theta = 1000000.0f, eps = 1e-6f;
+        const std::vector<float> qkv = Random(tokens * heads * d, 20, 2.0f);
+        const std::vector<float> bias = Random(heads * d, 21), qn = Random(d, 22), kn = Random(d, 23);
+        std::vector<float> ref_q(tokens * qh * d), ref_k(tokens * kvh * d), ref_v(tokens * kvh * d);
+        for (int t = 0; t < tokens; ++t) {
+          for (int h = 0; h < heads; ++h) {
+            std::vector<double> x(d);
+            for (int i = 0; i < d; ++i) {
+              x[i] = qkv[(t * heads + h) * d + i] + (with_bias_and_norm ? bias[h * d + i] : 0.0f);
+            }
+            const bool is_v = h >= qh + kvh;
+            if (!is_v && with_bias_and_norm) {
+              double ss = 0;
+              for (double e : x) ss += e * e;
+              const double inv = 1.0 / std::sqrt(ss / d + eps);
+              for (int i = 0; i < d; ++i) x[i] *= inv * (h < qh ? qn[i] : kn[i]);
+            }
+            if (!is_v) {
+              std::vector<double> y = x;
+              for (int i = 0; i < d / 2; ++i) {
+                const float inv = static_cast<float>(std::pow(double{theta}, -2.0 * i / d));
+                const double angle = static_cast<double>(pos[t]) * inv;
+                const double c = static_cast<float>(std::cos(angle)), s = static_cast<float>(std::sin(angle));
+                const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + d / 2;
+                y[a] = x[a] * c - x[b] * s;
+                y[b] = x[a] * s + x[b] * c;
+              }
+              x = y;
+            }
+            float* dst = h < qh ? &ref_q[(t * qh + h) * d]
+                         : is_v ? &ref_v[(t * kvh + h - qh - kvh) * d]
+                                : &ref_k[(t * kvh + h - qh) * d];
+            for (int i = 0; i < d; ++i) dst[i] = static_cast<float>(x[i]);
+          }
+        }
+        int32_t* dpos = ToDevice(pos);
+        float* dqkv = ToDevice(qkv);
+        float* dbias = ToDevice(bias);
+        float* dqn = ToDevice(qn);
+        float* dkn = ToDevice(kn);
+        float *dcos = nullptr, *dsin = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+        ASSERT_EQ(cudaMalloc(&dcos, tokens * d / 2 * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dsin, tokens * d / 2 * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dq, ref_q.size() * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dk, ref_k.size() * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dv, ref_v.size() * 4), cudaSuccess);
+        ASSERT_EQ(RopeTables(dpos, tokens, d, theta, dcos, dsin, nullptr), cudaSuccess);
+        QkvHeadsParams p;
+        p.qkv = dqkv;
+        p.tokens = tokens;
+        p.q_heads = qh;
+        p.kv_heads = kvh;
+        p.head_dim = d;
+        if (with_bias_and_norm) {
+          p.bq = dbias;
+          p.bk = dbias + qh * d;
+          p.bv = dbias + (qh + kvh) * d;
+          p.q_norm = dqn;
+          p.k_norm = dkn;
+        }
+        p.eps = eps;
+        p.cos = dcos;
+        p.sin = dsin;
+        p.interleaved = interleaved;
+        p.q = dq;
+        p.k = dk;
+        p.v = dv;
+        ASSERT_EQ(SplitQkvHeads(p, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ExpectNear(FromDevice(dq, ref_q.size()), ref_q, 2e-5f, "q");
+        ExpectNear(FromDevice(dk, ref_k.size()), ref_k, 2e-5f, "k");
+        ExpectNear(FromDevice(dv, ref_v.size()), ref_v, 2e-5f, "v");
+        // One norm without the other is refused, as is a head_dim the kernel has no form for.
+        QkvHeadsParams bad = p;
+        bad.k_norm = nullptr;
+        bad.q_norm = dqn;
+        EXPECT_EQ(SplitQkvHeads(bad, nullptr), cudaErrorInvalidValue);
+        bad = p;
+        bad.head_dim = 96;
+        EXPECT_EQ(SplitQkvHeads(bad, nullptr), cudaErrorInvalidValue);
+        for (void* ptr : {static_cast<void*>(dpos), static_cast<void*>(dqkv),
+                          static_cast<void*>(dbias), static_cast<void*>(dqn),
+                          static_cast<void*>(dkn), static_cast<void*>(dcos),
+                          static_cast<void*>(dsin), static_cast<void*>(dq), static_cast<void*>(dk),
+                          static_cast<void*>(dv)}) {
+          cudaFree(ptr);
+        }
+      }
+    }
+  }
+}
+
 TEST(ModelOpsGpu, RotateHeadsAndRowMoves) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   for (int d : {64, 128}) {
@@ -205,6 +317,11 @@ TEST(ModelOpsGpu, RotateHeadsAndRowMoves) {
         ASSERT_EQ(cudaMalloc(&dout, x.size() * 4), cudaSuccess);
         ASSERT_EQ(RotateHeads(dx, rows, heads, d, dR, group, transpose, dout, nullptr), cudaSuccess);
         ExpectNear(FromDevice(dout, x.size()), ref, 1e-4f, "RotateHeads");
+        for (GemmType t : {GemmType::kBf16, GemmType::kFp16}) {
+          ASSERT_EQ(RotateHeadsTo(dx, rows, heads, d, dR, group, transpose, dout, t, nullptr),
+                    cudaSuccess);
+          ExpectNear(ReadBack(dout, x.size(), t), ref, Tolerance(t) + 1e-4f, "RotateHeadsTo");
+        }
         cudaFree(dx);
         cudaFree(dR);
         cudaFree(dout);
@@ -227,6 +344,30 @@ TEST(ModelOpsGpu, RotateHeadsAndRowMoves) {
     const bool chosen = r == 9 || r == 0 || r == 4;
     for (int c = 0; c < 33; ++c) EXPECT_EQ(back[r * 33 + c], chosen ? m[r * 33 + c] : 0.0f);
   }
+  // GatherRowsTo rounds the gathered rows once.
+  uint16_t* dgh = nullptr;
+  ASSERT_EQ(cudaMalloc(&dgh, rows.size() * 33 * 2), cudaSuccess);
+  ASSERT_EQ(GatherRowsTo(dm, 33, dr, 3, dgh, GemmType::kBf16, nullptr), cudaSuccess);
+  const std::vector<uint16_t> gathered = FromDevice(dgh, rows.size() * 33);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int c = 0; c < 33; ++c) {
+      EXPECT_EQ(gathered[r * 33 + c], FloatToBf16(m[rows[r] * 33 + c])) << r << "," << c;
+    }
+  }
+  // ScatterRowsTo puts them back, rounded, and leaves the other rows.
+  uint16_t* dsh = nullptr;
+  ASSERT_EQ(cudaMalloc(&dsh, m.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dsh, 0, m.size() * 2), cudaSuccess);
+  ASSERT_EQ(ScatterRowsTo(dg, 33, dr, 3, dsh, GemmType::kFp16, nullptr), cudaSuccess);
+  const std::vector<uint16_t> scattered = FromDevice(dsh, m.size());
+  for (int r = 0; r < 10; ++r) {
+    const bool chosen = r == 9 || r == 0 || r == 4;
+    for (int c = 0; c < 33; ++c) {
+      EXPECT_EQ(scattered[r * 33 + c], chosen ? FloatToFp16(m[r * 33 + c]) : 0) << r << "," << c;
+    }
+  }
+  cudaFree(dgh);
+  cudaFree(dsh);
   // ConvertFloat rounds as the CPU conversions (and copies fp32).
   std::vector<float> f = Random(1000, 11, 100.0f);
   float* df = ToDevice(f);
