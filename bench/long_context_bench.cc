@@ -63,6 +63,9 @@ ABSL_FLAG(int, graph_history_buckets, 16,
 ABSL_FLAG(bool, gpu_gemv, true,
           "passes of 1..4 tokens multiply weights with kernels::Gemv (false: cuBLAS); "
           "EngineOptions::gpu_gemv");
+ABSL_FLAG(bool, gpu_fused_layer_ops, true,
+          "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
+          "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
 ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
 
 namespace kvstrata {
@@ -96,11 +99,14 @@ int Category(const char* name) {
   const std::string n = name ? name : "";
   auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
   // kvstrata's own kernels first: their mangled names may mention GemmType.
-  if (has("HistoryKernel") || has("PageKernel") || has("MergeKernel") || has("ChunkAttention")) {
+  if (has("HistoryKernel") || has("HistoryMmaKernel") || has("PageKernel") ||
+      has("WindowKernel") || has("MergeKernel") || has("MergeParallelKernel") ||
+      has("ChunkAttention")) {
     return 1;
   }
   if (has("AppendKernel") || has("DemoteKernel")) return 2;
   if (has("SampleKernel")) return 3;
+  if (has("GemvKernel")) return 0;
   if (has("kvstrata")) return 4;
   if (has("gemm") || has("Gemm") || has("nvjet") || has("cutlass") || has("xmma") ||
       has("splitKreduce")) {
@@ -405,6 +411,7 @@ int Main() {
     o.cuda_graphs = true;
     o.cuda_graph_history_buckets = absl::GetFlag(FLAGS_graph_history_buckets);
     o.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
+    o.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

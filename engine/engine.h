@@ -77,6 +77,10 @@ struct EngineOptions {
   // cuda: forward passes of 1..4 tokens (decode of a small batch) multiply bf16 or fp16 weights
   // with a matrix-vector kernel that streams them near the copy bandwidth; false: cuBLAS.
   bool gpu_gemv = true;
+  // cuda: each layer multiplies [wq; wk; wv] and [w_gate; w_up] as one matrix each, and does
+  // the biases, q/k norms and RoPE in one launch (and a few format conversions inside the
+  // launches next to them); false: one launch per step (the same arithmetic; for comparison).
+  bool gpu_fused_layer_ops = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

@@ -163,6 +163,10 @@ class CudaBackend final : public Backend {
   absl::Status Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
                     bool accumulate);
   absl::Status Layer(int layer, const Plan& plan);
+  // q_, k_, v_ from hn_: the projections, their biases, q/k norms and RoPE.
+  absl::Status AttentionInputs(const LayerDeviceWeights& w, int T);
+  // x_ += the MLP of hn_.
+  absl::Status Mlp(const LayerDeviceWeights& w, int T);
   // Every launch of a pass, from the embedding to the logits GEMM (what a graph captures).
   absl::Status RunPass(const Plan& plan);
 
@@ -192,7 +196,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer clips_;      // [layers][2][kv_heads]
 
   // Activations for max_step_tokens tokens.
-  DeviceBuffer x_, hn_, q_, k_, v_, qr_, attn_, o_, o_half_, gate_, up_, act_, cos_, sin_;
+  DeviceBuffer x_, hn_, qkv_, q_, k_, v_, qr_, attn_, o_, o_half_, gate_, up_, act_, cos_, sin_;
   DeviceBuffer decode_q_, decode_q_half_, decode_out_, split_workspace_;
   DeviceBuffer final_rows_, final_half_, logits_;
   DeviceBuffer metadata_;
@@ -325,9 +329,14 @@ absl::Status CudaBackend::UploadWeights() {
     KV_ASSIGN_OR_RETURN(l.wq, put_matrix(w.wq, qdim * H));
     KV_ASSIGN_OR_RETURN(l.wk, put_matrix(w.wk, kvdim * H));
     KV_ASSIGN_OR_RETURN(l.wv, put_matrix(w.wv, kvdim * H));
+    // The fused passes multiply [wq; wk; wv] and [w_gate; w_up] as one matrix each.
+    KV_CHECK(static_cast<const uint8_t*>(l.wk) == static_cast<const uint8_t*>(l.wq) + qdim * H * elem &&
+             static_cast<const uint8_t*>(l.wv) == static_cast<const uint8_t*>(l.wk) + kvdim * H * elem);
     KV_ASSIGN_OR_RETURN(l.wo, put_matrix(w.wo, H * qdim));
     KV_ASSIGN_OR_RETURN(l.w_gate, put_matrix(w.w_gate, inter * H));
     KV_ASSIGN_OR_RETURN(l.w_up, put_matrix(w.w_up, inter * H));
+    KV_CHECK(static_cast<const uint8_t*>(l.w_up) ==
+             static_cast<const uint8_t*>(l.w_gate) + inter * H * elem);
     KV_ASSIGN_OR_RETURN(l.w_down, put_matrix(w.w_down, H * inter));
     KV_ASSIGN_OR_RETURN(l.attn_norm, put_float(w.attn_norm, H));
     KV_ASSIGN_OR_RETURN(l.ffn_norm, put_float(w.ffn_norm, H));
@@ -374,9 +383,10 @@ absl::Status CudaBackend::AllocateActivations() {
     DeviceBuffer* b;
     int64_t bytes;
   } buffers[] = {{&x_, T * H * 4},          {&hn_, T * H * 4},         {&q_, T * qdim * 4},
+                 {&qkv_, T * (qdim + 2 * kvdim) * 4},
                  {&k_, T * kvdim * 4},      {&v_, T * kvdim * 4},      {&qr_, T * qdim * 4},
                  {&attn_, T * qdim * 4},    {&o_, T * qdim * 4},       {&o_half_, T * qdim * 4},
-                 {&gate_, T * inter * 4},   {&up_, T * inter * 4},     {&act_, T * inter * 4},
+                 {&gate_, T * 2 * inter * 4},   {&up_, T * inter * 4},     {&act_, T * inter * 4},
                  {&cos_, T * d / 2 * 4},    {&sin_, T * d / 2 * 4},    {&decode_q_, T * qdim * 4},
                  {&decode_q_half_, T * qdim * 2}, {&decode_out_, T * qdim * 4},
                  {&final_rows_, T * H * 4}, {&final_half_, T * H * 4},
@@ -735,7 +745,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
   const LayerDeviceWeights& w = layers_[layer];
   const int T = plan.tokens, H = cfg_.hidden_size, d = cfg_.head_dim;
   const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, group = nh / nkv;
-  const int qdim = nh * d, kvdim = nkv * d, inter = cfg_.intermediate_size;
+  const int qdim = nh * d;
   const GemmType ht = type_;
   const float eps = cfg_.rms_norm_eps;
   const kernels::KvGeometry& geo = cache_->geometry();
@@ -743,29 +753,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
   KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.attn_norm, eps,
                                              hn_.as<void>(), ht, stream_),
                           "RmsNormTo");
-  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim, q_.as<float>(), false));
-  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wk, kvdim, k_.as<float>(), false));
-  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wv, kvdim, v_.as<float>(), false));
-  if (w.bq) {
-    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(q_.as<float>(), T, qdim, w.bq, stream_), "AddBias");
-    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(k_.as<float>(), T, kvdim, w.bk, stream_), "AddBias");
-    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(v_.as<float>(), T, kvdim, w.bv, stream_), "AddBias");
-  }
-  if (cfg_.qk_norm) {
-    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(q_.as<float>(), T * nh, d, w.q_norm, eps,
-                                                    stream_),
-                            "RmsNormInPlace");
-    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(k_.as<float>(), T * nkv, d, w.k_norm, eps,
-                                                    stream_),
-                            "RmsNormInPlace");
-  }
-  const bool interleaved = cfg_.rope_layout == model::RopeLayout::kInterleaved;
-  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(q_.as<float>(), T, nh, d, cos_.as<float>(),
-                                             sin_.as<float>(), interleaved, stream_),
-                          "ApplyRope");
-  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(k_.as<float>(), T, nkv, d, cos_.as<float>(),
-                                             sin_.as<float>(), interleaved, stream_),
-                          "ApplyRope");
+  KV_RETURN_IF_ERROR(AttentionInputs(w, T));
   const int64_t per_layer = int64_t{nkv} * d * d;
   const int64_t all_layers = int64_t{cfg_.num_layers} * per_layer;
   const float* rk = rot_.identity ? nullptr : rotations_.as<float>() + layer * per_layer;
@@ -812,7 +800,10 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     dp.geometry = one_layer;
     KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");
   }
-  // Attention, in rotated value space, into attn_.
+  // Attention, in rotated value space, into attn_. A pass of decode rows only, with no rotation
+  // back, scatters them straight into the Wo GEMM's operand.
+  const bool o_is_rows = options_.fused_layer_ops && plan.chunk.num_items == 0 && rv == nullptr &&
+                         plan.decode_items == T;
   if (plan.chunk.num_items > 0) {
     kernels::ChunkAttentionParams c = plan.chunk;
     c.q = qr;
@@ -821,45 +812,138 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
   }
   if (plan.decode_items > 0) {
     const int nd = plan.decode_items;
-    KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(qr, qdim, plan.decode_rows, nd,
-                                                decode_q_.as<float>(), stream_),
-                            "GatherRows");
-    KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(decode_q_.as<float>(), int64_t{nd} * qdim,
-                                                  decode_q_half_.as<void>(), GemmType::kBf16,
-                                                  stream_),
-                            "ConvertFloat");
+    if (options_.fused_layer_ops) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::GatherRowsTo(qr, qdim, plan.decode_rows, nd,
+                                                    decode_q_half_.as<void>(), GemmType::kBf16,
+                                                    stream_),
+                              "GatherRowsTo");
+    } else {
+      KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(qr, qdim, plan.decode_rows, nd,
+                                                  decode_q_.as<float>(), stream_),
+                              "GatherRows");
+      KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(decode_q_.as<float>(), int64_t{nd} * qdim,
+                                                    decode_q_half_.as<void>(), GemmType::kBf16,
+                                                    stream_),
+                              "ConvertFloat");
+    }
     kernels::SplitDecodeCudaParams dpar = plan.decode;
     dpar.layer = layer;
     KV_CUDA_RETURN_IF_ERROR(kernels::LaunchSplitDecode(dpar, plan.decode_plan,
                                                        split_workspace_.as<void>(), stream_),
                             "LaunchSplitDecode");
-    KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRows(decode_out_.as<float>(), qdim, plan.decode_rows,
-                                                 nd, attn_.as<float>(), stream_),
-                            "ScatterRows");
+    if (o_is_rows) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRowsTo(decode_out_.as<float>(), qdim,
+                                                     plan.decode_rows, nd, o_half_.as<void>(), ht,
+                                                     stream_),
+                              "ScatterRowsTo");
+    } else {
+      KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRows(decode_out_.as<float>(), qdim,
+                                                   plan.decode_rows, nd, attn_.as<float>(),
+                                                   stream_),
+                              "ScatterRows");
+    }
   }
   // Back from rotated value space, o = o'·R_Vᵀ, then x += o·Woᵀ.
-  const float* o = attn_.as<float>();
-  if (rv) {
-    KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeads(attn_.as<float>(), T, nh, d, rv, group,
-                                                 /*transpose=*/true, o_.as<float>(), stream_),
-                            "RotateHeads");
-    o = o_.as<float>();
+  if (o_is_rows) {
+    // The decode rows went straight into o_half_.
+  } else if (rv && options_.fused_layer_ops) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeadsTo(attn_.as<float>(), T, nh, d, rv, group,
+                                                   /*transpose=*/true, o_half_.as<void>(), ht,
+                                                   stream_),
+                            "RotateHeadsTo");
+  } else {
+    const float* o = attn_.as<float>();
+    if (rv) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeads(attn_.as<float>(), T, nh, d, rv, group,
+                                                   /*transpose=*/true, o_.as<float>(), stream_),
+                              "RotateHeads");
+      o = o_.as<float>();
+    }
+    KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(o, int64_t{T} * qdim, o_half_.as<void>(), ht,
+                                                  stream_),
+                            "ConvertFloat");
   }
-  KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(o, int64_t{T} * qdim, o_half_.as<void>(), ht,
-                                                stream_),
-                          "ConvertFloat");
   KV_RETURN_IF_ERROR(Gemm(o_half_.as<void>(), T, qdim, w.wo, H, x_.as<float>(), true));
-  // MLP.
   KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.ffn_norm, eps,
                                              hn_.as<void>(), ht, stream_),
                           "RmsNormTo");
-  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, inter, gate_.as<float>(), false));
-  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_up, inter, up_.as<float>(), false));
-  KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), up_.as<float>(), T, inter,
-                                            act_.as<void>(), ht, stream_),
-                          "SwiGluTo");
-  KV_RETURN_IF_ERROR(Gemm(act_.as<void>(), T, inter, w.w_down, H, x_.as<float>(), true));
+  return Mlp(w, T);
+}
+
+absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T) {
+  const int H = cfg_.hidden_size, d = cfg_.head_dim;
+  const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
+  const int qdim = nh * d, kvdim = nkv * d;
+  const float eps = cfg_.rms_norm_eps;
+  const bool interleaved = cfg_.rope_layout == model::RopeLayout::kInterleaved;
+  if (options_.fused_layer_ops) {
+    // wq, wk and wv lie back to back (UploadWeights): one GEMM, then one launch for the heads.
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim + 2 * kvdim, qkv_.as<float>(), false));
+    kernels::QkvHeadsParams p;
+    p.qkv = qkv_.as<float>();
+    p.tokens = T;
+    p.q_heads = nh;
+    p.kv_heads = nkv;
+    p.head_dim = d;
+    p.bq = w.bq;
+    p.bk = w.bk;
+    p.bv = w.bv;
+    if (cfg_.qk_norm) {
+      p.q_norm = w.q_norm;
+      p.k_norm = w.k_norm;
+    }
+    p.eps = eps;
+    p.cos = cos_.as<float>();
+    p.sin = sin_.as<float>();
+    p.interleaved = interleaved;
+    p.q = q_.as<float>();
+    p.k = k_.as<float>();
+    p.v = v_.as<float>();
+    KV_CUDA_RETURN_IF_ERROR(kernels::SplitQkvHeads(p, stream_), "SplitQkvHeads");
+    return absl::OkStatus();
+  }
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim, q_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wk, kvdim, k_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wv, kvdim, v_.as<float>(), false));
+  if (w.bq) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(q_.as<float>(), T, qdim, w.bq, stream_), "AddBias");
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(k_.as<float>(), T, kvdim, w.bk, stream_), "AddBias");
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(v_.as<float>(), T, kvdim, w.bv, stream_), "AddBias");
+  }
+  if (cfg_.qk_norm) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(q_.as<float>(), T * nh, d, w.q_norm, eps,
+                                                    stream_),
+                            "RmsNormInPlace");
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(k_.as<float>(), T * nkv, d, w.k_norm, eps,
+                                                    stream_),
+                            "RmsNormInPlace");
+  }
+  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(q_.as<float>(), T, nh, d, cos_.as<float>(),
+                                             sin_.as<float>(), interleaved, stream_),
+                          "ApplyRope");
+  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(k_.as<float>(), T, nkv, d, cos_.as<float>(),
+                                             sin_.as<float>(), interleaved, stream_),
+                          "ApplyRope");
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Mlp(const LayerDeviceWeights& w, int T) {
+  const int H = cfg_.hidden_size, inter = cfg_.intermediate_size;
+  if (options_.fused_layer_ops) {
+    // w_gate and w_up lie back to back: one GEMM gives each row's [gate | up].
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, 2 * inter, gate_.as<float>(), false));
+    KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), gate_.as<float>() + inter, T,
+                                              inter, 2 * int64_t{inter}, act_.as<void>(), type_,
+                                              stream_),
+                            "SwiGluTo");
+  } else {
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, inter, gate_.as<float>(), false));
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_up, inter, up_.as<float>(), false));
+    KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), up_.as<float>(), T, inter, inter,
+                                              act_.as<void>(), type_, stream_),
+                            "SwiGluTo");
+  }
+  return Gemm(act_.as<void>(), T, inter, w.w_down, H, x_.as<float>(), true);
 }
 
 }  // namespace

@@ -70,6 +70,9 @@ ABSL_FLAG(bool, gpu_sampling, true,
 ABSL_FLAG(bool, gpu_gemv, true,
           "With --device cuda and bf16 or fp16 weights, passes of 1-4 tokens (decode of a small "
           "batch) multiply the weights with kvstrata's matrix-vector kernel (false: cuBLAS).");
+ABSL_FLAG(bool, gpu_fused_layer_ops, true,
+          "With --device cuda, one GEMM for q/k/v and one for gate/up per layer, and the biases, "
+          "q/k norms and RoPE in one launch (false: a launch per step, for comparison).");
 ABSL_FLAG(std::string, kvstore, "",
           "Comma-separated kvstore addresses (HOST:PORT); empty: no kvstore.");
 ABSL_FLAG(int, local_cache_mb, 256,
@@ -154,6 +157,7 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
   config.engine.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   config.engine.gpu_sampling = absl::GetFlag(FLAGS_gpu_sampling);
   config.engine.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
+  config.engine.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
   for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
     if (!absl::StrContains(a, ':')) {
       return absl::InvalidArgumentError(absl::StrCat("--kvstore: '", a, "' is not HOST:PORT"));

@@ -26,6 +26,9 @@ ABSL_FLAG(bool, gpu_sampling, true,
 ABSL_FLAG(bool, gpu_gemv, true,
           "with --device cuda and bf16 or fp16 weights, passes of 1-4 tokens (decode of a small "
           "batch) multiply the weights with kvstrata's matrix-vector kernel (false: cuBLAS)");
+ABSL_FLAG(bool, gpu_fused_layer_ops, true,
+          "with --device cuda, one GEMM for q/k/v and one for gate/up per layer, and the biases, "
+          "q/k norms and RoPE in one launch (false: a launch per step, for comparison)");
 ABSL_FLAG(std::string, gpu_weights, "auto",
           "with --device cuda, the weights' type: auto (fp32 for models up to 2 GiB of fp32 "
           "weights, as the CPU computes; bf16 above), bf16, fp16 or fp32");
@@ -63,6 +66,7 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.gpu_sampling = absl::GetFlag(FLAGS_gpu_sampling);
   o.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
+  o.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (o.cpu_threads < 0 || o.cpu_threads > 1024) {
     return absl::InvalidArgumentError(
