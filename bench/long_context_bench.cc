@@ -63,6 +63,9 @@ ABSL_FLAG(int, graph_history_buckets, 16,
 ABSL_FLAG(bool, gpu_gemv, true,
           "passes of 1..4 tokens multiply weights with kernels::Gemv (false: cuBLAS); "
           "EngineOptions::gpu_gemv");
+ABSL_FLAG(bool, gpu_gemv_overlap, true,
+          "the GEMV streams its first weights while the kernel before it finishes (programmatic "
+          "dependent launch); EngineOptions::gpu_gemv_overlap");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
@@ -412,6 +415,7 @@ int Main() {
     o.cuda_graph_history_buckets = absl::GetFlag(FLAGS_graph_history_buckets);
     o.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
     o.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
+    o.gpu_gemv_overlap = absl::GetFlag(FLAGS_gpu_gemv_overlap);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

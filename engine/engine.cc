@@ -291,6 +291,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.decode_graphs = options.cuda_graphs;
     cuda.graph_history_buckets = std::max(1, options.cuda_graph_history_buckets);
     cuda.small_batch_gemv = options.gpu_gemv;
+    cuda.gemv_overlap = options.gpu_gemv_overlap;
     cuda.fused_layer_ops = options.gpu_fused_layer_ops;
     cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;

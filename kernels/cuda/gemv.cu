@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/ptx.cuh"
 
 namespace kvstrata::kernels {
 
@@ -49,16 +50,28 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, 
   const int lane = threadIdx.x % 32;
   const int chunks = in / 8;  // 16-byte chunks per row
   const uint4* x4 = reinterpret_cast<const uint4*>(x);
-  for (int n = blockIdx.x * kWarps + threadIdx.x / 32; n < out; n += gridDim.x * kWarps) {
+  const int first = blockIdx.x * kWarps + threadIdx.x / 32;
+  // The first weights do not depend on the kernel before (only x and y do): ask for them, then
+  // wait for that kernel (a no-op unless launched as its programmatic dependent).
+  uint4 wv[kUnroll];
+  const bool prefetched = first < out && lane + 32 * (kUnroll - 1) < chunks;
+  if (prefetched) {
+    const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t{first} * chunks;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + lane + 32 * u);
+  }
+  ptx::GridDependencyWait();
+  for (int n = first; n < out; n += gridDim.x * kWarps) {
     const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t{n} * chunks;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     int c = lane;
     for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-      uint4 wv[kUnroll];
+      if (!(prefetched && n == first && c == lane)) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + c + 32 * u);  // streamed once
+        for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + c + 32 * u);  // streamed once
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         float wf[8];
@@ -98,21 +111,53 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, 
   }
 }
 
+// CTAs of one wave of kernel k on the current device, asked once per kernel (the queries are
+// not stream work, so they may run inside graph capture).
+template <typename Kernel>
+int OneWave(Kernel k) {
+  static const int ctas = [&] {
+    int device = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, 0) != cudaSuccess) {
+      return 8192;
+    }
+    return std::max(1, sms * per_sm);
+  }();
+  return ctas;
+}
+
+template <typename T, int R>
+cudaError_t LaunchRows(const T* x, int in, const T* w, int out, float* y, bool accumulate,
+                       cudaStream_t stream, const GemvVariant& v) {
+  // One warp per row of W; past the cap the grid-stride loop covers the rest.
+  const int cap = v.one_wave ? OneWave(GemvKernel<T, R>) : 8192;
+  const int blocks = std::max(1, std::min((out + kWarps - 1) / kWarps, cap));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  if (v.overlap_previous) {
+    config.attrs = overlap;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, GemvKernel<T, R>, x, in, w, out, y, accumulate);
+}
+
 template <typename T>
 cudaError_t Launch(const void* x, int rows, int in, const void* w, int out, float* y,
-                   bool accumulate, cudaStream_t stream) {
-  // One warp per row of W; past 8,192 CTAs the grid-stride loop covers the rest (no device
-  // query here: this runs inside graph capture).
-  const int blocks = std::max(1, std::min((out + kWarps - 1) / kWarps, 8192));
+                   bool accumulate, cudaStream_t stream, const GemvVariant& v) {
   const T* xt = static_cast<const T*>(x);
   const T* wt = static_cast<const T*>(w);
   switch (rows) {
-    case 1: GemvKernel<T, 1><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate); break;
-    case 2: GemvKernel<T, 2><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate); break;
-    case 3: GemvKernel<T, 3><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate); break;
-    default: GemvKernel<T, 4><<<blocks, kThreads, 0, stream>>>(xt, in, wt, out, y, accumulate);
+    case 1: return LaunchRows<T, 1>(xt, in, wt, out, y, accumulate, stream, v);
+    case 2: return LaunchRows<T, 2>(xt, in, wt, out, y, accumulate, stream, v);
+    case 3: return LaunchRows<T, 3>(xt, in, wt, out, y, accumulate, stream, v);
+    default: return LaunchRows<T, 4>(xt, in, wt, out, y, accumulate, stream, v);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace
@@ -124,11 +169,11 @@ bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w)
 }
 
 cudaError_t Gemv(const void* x, int rows, int in, const void* w, int out, float* y,
-                 bool accumulate, GemmType type, cudaStream_t stream) {
+                 bool accumulate, GemmType type, cudaStream_t stream, const GemvVariant& variant) {
   if (!GemvSupports(rows, in, type, x, w) || out <= 0) return cudaErrorInvalidValue;
   return type == GemmType::kBf16
-             ? Launch<__nv_bfloat16>(x, rows, in, w, out, y, accumulate, stream)
-             : Launch<__half>(x, rows, in, w, out, y, accumulate, stream);
+             ? Launch<__nv_bfloat16>(x, rows, in, w, out, y, accumulate, stream, variant)
+             : Launch<__half>(x, rows, in, w, out, y, accumulate, stream, variant);
 }
 
 }  // namespace kvstrata::kernels

@@ -20,8 +20,19 @@ inline constexpr int kGemvMaxRows = 4;
 // fp16 type, x and w 16-byte aligned.
 bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w);
 
+// How the kernel is launched; the defaults are the measured best (docs/benchmarks.md).
+struct GemvVariant {
+  // At most one wave of CTAs, each warp taking rows n, n + warps of the grid, ...; false: one
+  // warp per row, as many CTAs as that takes (the tail wave runs part-empty).
+  bool one_wave = true;
+  // Launched as a programmatic dependent of the kernel before it: the CTAs start streaming
+  // their first weights while that kernel finishes, and read x once it has.
+  bool overlap_previous = true;
+};
+
 // cudaErrorInvalidValue where GemvSupports is false.
 cudaError_t Gemv(const void* x, int rows, int in, const void* w, int out, float* y,
-                 bool accumulate, GemmType type, cudaStream_t stream);
+                 bool accumulate, GemmType type, cudaStream_t stream,
+                 const GemvVariant& variant = {});
 
 }  // namespace kvstrata::kernels

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/numeric.h"
 
 namespace kvstrata::kernels {
@@ -63,6 +64,7 @@ __global__ void EmbeddingKernel(const void* table, GemmType type, int vocab, int
 
 __global__ void RmsNormToKernel(const float* x, int64_t x_stride, int dim, const float* weight,
                                 float eps, void* y, GemmType type) {
+  ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   const float* xr = x + blockIdx.x * x_stride;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
@@ -125,6 +127,7 @@ __global__ void RopeKernel(float* x, int tokens, int heads, int head_dim, const 
 
 __global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, int cols,
                              int64_t in_stride, void* out, GemmType type) {
+  ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t at = i / cols * in_stride + i % cols;
@@ -205,6 +208,7 @@ __global__ void SplitQkvHeadsKernel(QkvHeadsParams p) {
 }
 
 __global__ void ConvertFloatKernel(const float* in, int64_t n, void* out, GemmType type) {
+  ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     Store(out, i, in[i], type);
@@ -218,6 +222,7 @@ constexpr int kRotateRows = 8;
 template <int D>
 __global__ void RotateHeadsKernel(const float* in, int rows, int heads, const float* R, int group,
                                   bool transpose, void* out, GemmType type) {
+  ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   const int h = blockIdx.y;
   const int r0 = blockIdx.x * kRotateRows;
   const int c = threadIdx.x;
@@ -262,6 +267,7 @@ __global__ void ScatterRowsKernel(const float* in, int cols, const int32_t* row_
 
 __global__ void ScatterRowsToKernel(const float* in, int cols, const int32_t* row_ids, void* out,
                                     GemmType type) {
+  ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   const int r = blockIdx.x;
   const float* src = in + int64_t{r} * cols;
   const int64_t dst = int64_t{row_ids[r]} * cols;

@@ -11,6 +11,20 @@
 
 namespace kvstrata::kernels::ptx {
 
+// Programmatic dependent launch (sm_90). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start before the kernel ahead of it in
+// the stream has finished: it does what does not depend on that kernel's output first, then
+// GridDependencyWait() returns once that kernel has completed and its writes are visible. A
+// no-op in a kernel launched without the attribute.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+// Lets a kernel launched after this one with the attribute start now, while this one runs (its
+// GridDependencyWait still waits for this kernel's completion). A no-op otherwise.
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // D += A·B on tensor cores, m16n8k16, fp32 accumulators; A and B fp16.
 __device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {

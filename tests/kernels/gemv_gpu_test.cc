@@ -22,7 +22,10 @@ struct Shape {
   int rows, in, out;
 };
 
-void Check(const Shape& s, GemmType type, bool accumulate, uint32_t seed) {
+// x is written by a kernel right before the GEMV (ConvertFloat, which lets a dependent start
+// early), over a buffer that held other values: a variant that read x before that kernel ended
+// would be caught.
+void Check(const Shape& s, GemmType type, bool accumulate, uint32_t seed, const GemvVariant& v) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   auto round = [&](float f) {
@@ -32,17 +35,25 @@ void Check(const Shape& s, GemmType type, bool accumulate, uint32_t seed) {
   std::vector<uint16_t> x(static_cast<size_t>(s.rows) * s.in), w(static_cast<size_t>(s.out) * s.in);
   for (auto& v : x) v = round(normal(rng));
   for (auto& v : w) v = round(normal(rng) * 0.05f);
+  std::vector<float> xf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = value(x[i]);
   std::vector<float> y0(static_cast<size_t>(s.rows) * s.out);
   for (auto& v : y0) v = normal(rng);
-  uint16_t* dx = ToDevice(x);
+  uint16_t* dx = ToDevice(std::vector<uint16_t>(x.size(), round(7.0f)));
+  float* dxf = ToDevice(xf);
   uint16_t* dw = ToDevice(w);
   float* dy = ToDevice(y0);
   ASSERT_TRUE(GemvSupports(s.rows, s.in, type, dx, dw));
-  ASSERT_EQ(Gemv(dx, s.rows, s.in, dw, s.out, dy, accumulate, type, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(ConvertFloat(dxf, static_cast<int64_t>(xf.size()), dx, type, stream), cudaSuccess);
+  ASSERT_EQ(Gemv(dx, s.rows, s.in, dw, s.out, dy, accumulate, type, stream, v), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
   std::vector<float> got(y0.size());
   cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost);
   cudaFree(dx);
+  cudaFree(dxf);
   cudaFree(dw);
   cudaFree(dy);
   for (int r = 0; r < s.rows; ++r) {
@@ -58,7 +69,8 @@ void Check(const Shape& s, GemmType type, bool accumulate, uint32_t seed) {
       const double err = std::fabs(got[static_cast<size_t>(r) * s.out + n] - expect);
       ASSERT_LE(err, 3e-5 * mag + 1e-6)
           << "rows " << s.rows << " in " << s.in << " out " << s.out << " at (" << r << ", " << n
-          << "): got " << got[static_cast<size_t>(r) * s.out + n] << ", expected " << expect;
+          << "), one_wave " << v.one_wave << " overlap " << v.overlap_previous << ": got "
+          << got[static_cast<size_t>(r) * s.out + n] << ", expected " << expect;
     }
   }
 }
@@ -67,9 +79,17 @@ TEST(GemvGpu, MatchesTheProductInDouble) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 1;
   for (GemmType type : {GemmType::kBf16, GemmType::kFp16}) {
+    // The last shape has more rows than one wave of warps: the grid-stride loop takes the rest.
     for (const Shape& s : {Shape{1, 4096, 1024}, Shape{1, 576, 1536}, Shape{2, 8, 7},
-                           Shape{3, 4104, 33}, Shape{4, 12288, 257}, Shape{1, 1032, 5000}}) {
-      for (bool accumulate : {false, true}) Check(s, type, accumulate, seed++);
+                           Shape{3, 4104, 33}, Shape{4, 12288, 257}, Shape{1, 1032, 5000},
+                           Shape{2, 256, 40000}}) {
+      for (bool accumulate : {false, true}) {
+        for (bool one_wave : {false, true}) {
+          for (bool overlap : {false, true}) {
+            Check(s, type, accumulate, seed++, GemvVariant{one_wave, overlap});
+          }
+        }
+      }
     }
   }
 }
