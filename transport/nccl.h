@@ -7,6 +7,7 @@
 // tests put a fake behind the same interfaces, so the kvstore's and the worker's NCCL code builds
 // and is tested without a GPU.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -20,6 +21,10 @@ namespace kvstrata::transport {
 
 // Bytes of an ncclUniqueId (NCCL_UNIQUE_ID_BYTES), as they travel in OpenTransferResponse.
 inline constexpr size_t kNcclUniqueIdBytes = 128;
+
+// The first transfer on every new communicator, from the store to the worker: NCCL connects
+// peers lazily at their first send (~700 ms), which a setup pays so that no request does.
+inline constexpr uint64_t kNcclWarmupBytes = 4096;
 
 // A range of device memory (host memory in the tests' fake).
 struct DeviceRange {
@@ -64,10 +69,10 @@ class NcclRuntime {
   // Joins communicator `unique_id` of `num_ranks` as `rank` on cuda:`device`. Initialisation is
   // non-blocking and polled until `deadline`: when the other ranks have not joined by then the
   // half-made communicator is aborted and the answer is DeadlineExceeded; nothing waits longer.
-  virtual absl::StatusOr<std::unique_ptr<NcclCommunicator>> Join(const std::string& unique_id,
-                                                                 int num_ranks, int rank,
-                                                                 int device,
-                                                                 absl::Time deadline) = 0;
+  // `cancel` (may be null), once true, aborts the same way at the next poll (Cancelled).
+  virtual absl::StatusOr<std::unique_ptr<NcclCommunicator>> Join(
+      const std::string& unique_id, int num_ranks, int rank, int device, absl::Time deadline,
+      const std::atomic<bool>* cancel = nullptr) = 0;
   // `bytes` of device memory on cuda:`device`, freed when the last reference goes.
   virtual absl::StatusOr<std::shared_ptr<DeviceRange>> Allocate(int device, uint64_t bytes) = 0;
   // Checks each page's digest where its bytes lie (on the GPU: kernels/cuda/page_gather.h in its

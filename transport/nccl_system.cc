@@ -256,7 +256,8 @@ class SystemRuntime final : public NcclRuntime {
 
   absl::StatusOr<std::unique_ptr<NcclCommunicator>> Join(const std::string& unique_id,
                                                          int num_ranks, int rank, int device,
-                                                         absl::Time deadline) override {
+                                                         absl::Time deadline,
+                                                         const std::atomic<bool>* cancel) override {
     if (unique_id.size() != kNcclUniqueIdBytes) {
       return absl::InvalidArgumentError(absl::StrCat("nccl_unique_id: ", unique_id.size(),
                                                      " bytes, not ", kNcclUniqueIdBytes));
@@ -287,6 +288,10 @@ class SystemRuntime final : public NcclRuntime {
                                            lib_.last_error(comm));
         lib_.abort(comm);
         return absl::UnavailableError(message);
+      }
+      if (cancel != nullptr && cancel->load()) {
+        lib_.abort(comm);
+        return absl::CancelledError("NCCL communicator init: cancelled (aborted)");
       }
       if (absl::Now() >= deadline) {
         lib_.abort(comm);

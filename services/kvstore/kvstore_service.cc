@@ -80,6 +80,33 @@ class KvStoreMetrics {
         transfers_(r.AddCounter("kvstrata_kvstore_transfers_total",
                                 "OpenTransfer calls answered, by the transport chosen.",
                                 {"transport"})),
+        nccl_communicators_(r.AddGauge("kvstrata_kvstore_nccl_communicators",
+                                       "NCCL communicators with workers, joining or ready.")
+                                .Get()),
+        nccl_made_(r.AddCounter("kvstrata_kvstore_nccl_communicators_made_total",
+                                "NCCL communicators joined by their worker and warmed up.")
+                       .Get()),
+        nccl_init_failures_(
+            r.AddCounter("kvstrata_kvstore_nccl_init_failures_total",
+                         "NCCL communicators that failed to come up or ran past the init "
+                         "timeout (aborted).")
+                .Get()),
+        nccl_sent_(r.AddCounter("kvstrata_kvstore_nccl_transfers_total",
+                                "NCCL transfers sent in full.")
+                       .Get()),
+        nccl_sent_bytes_(r.AddCounter("kvstrata_kvstore_nccl_transfer_bytes_total",
+                                      "Page bytes sent over NCCL.")
+                             .Get()),
+        nccl_failures_(r.AddCounter("kvstrata_kvstore_nccl_transfer_failures_total",
+                                    "NCCL transfers that failed or missed their deadline.")
+                           .Get()),
+        nccl_aborts_(r.AddCounter("kvstrata_kvstore_nccl_aborts_total",
+                                  "NCCL communicators aborted (ncclCommAbort).")
+                         .Get()),
+        nccl_fallbacks_(r.AddCounter("kvstrata_kvstore_nccl_fallbacks_total",
+                                     "Transfers on a ready NCCL communicator answered with "
+                                     "another transport (too big for the client or the pool).")
+                            .Get()),
         requests_(r.AddCounter("kvstrata_kvstore_requests_total",
                                "KvStore RPCs by method and gRPC status code.", {"method", "code"})),
         latency_(r.AddHistogram("kvstrata_kvstore_request_duration_seconds",
@@ -125,8 +152,27 @@ class KvStoreMetrics {
   }
 
   void RecordTransfer(v1::Transport transport) {
-    transfers_.With({transport == v1::TRANSPORT_SAME_GPU_POOL ? "same_gpu_pool" : "grpc_stream"})
-        .Increment();
+    const char* name = "grpc_stream";
+    if (transport == v1::TRANSPORT_SAME_GPU_POOL) name = "same_gpu_pool";
+    if (transport == v1::TRANSPORT_NCCL) name = "nccl";
+    transfers_.With({name}).Increment();
+  }
+
+  void RecordNcclFallback() { nccl_fallbacks_.Increment(); }
+
+  void SyncNccl(const NcclSenderCounts& n) {
+    nccl_communicators_.Set(static_cast<double>(n.live_communicators));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto advance = [](Counter& c, uint64_t now, uint64_t before) {
+      if (now > before) c.Increment(static_cast<double>(now - before));
+    };
+    advance(nccl_made_, n.communicators_made, last_nccl_.communicators_made);
+    advance(nccl_init_failures_, n.init_failures, last_nccl_.init_failures);
+    advance(nccl_sent_, n.transfers, last_nccl_.transfers);
+    advance(nccl_sent_bytes_, n.transfer_bytes, last_nccl_.transfer_bytes);
+    advance(nccl_failures_, n.transfer_failures, last_nccl_.transfer_failures);
+    advance(nccl_aborts_, n.aborts, last_nccl_.aborts);
+    last_nccl_ = n;
   }
 
  private:
@@ -152,10 +198,19 @@ class KvStoreMetrics {
   Family<Gauge>& tier_forms_;
   Family<Counter>& tier_moves_;
   Family<Counter>& transfers_;
+  Gauge& nccl_communicators_;
+  Counter& nccl_made_;
+  Counter& nccl_init_failures_;
+  Counter& nccl_sent_;
+  Counter& nccl_sent_bytes_;
+  Counter& nccl_failures_;
+  Counter& nccl_aborts_;
+  Counter& nccl_fallbacks_;
   Family<Counter>& requests_;
   Family<Histogram>& latency_;
   std::mutex mu_;
   PageStoreStats last_;
+  NcclSenderCounts last_nccl_;
 };
 
 v1::PageEncoding ToProto(PageForm form) {
@@ -290,6 +345,7 @@ grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
                                     const absl::Status& status) {
   metrics_->Record(method, absl::Now() - start, status.code());
   metrics_->Sync(store_->Stats());
+  if (options_.nccl != nullptr) metrics_->SyncNccl(options_.nccl->Counts());
   return rpc::ToGrpcStatus(status);
 }
 
@@ -634,8 +690,9 @@ absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::TransferRef
 }
 
 // The transport both ends share, in the client's order: the pool needs a GPU tier on the
-// client's own GPU of the same host.
-v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& request) const {
+// client's own GPU of the same host; NCCL a GPU tier on another GPU and a ready communicator.
+v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& request,
+                                              bool allow_nccl) const {
   std::vector<v1::Transport> asked;
   for (int t : request.transports()) asked.push_back(static_cast<v1::Transport>(t));
   if (asked.empty()) asked.push_back(v1::TRANSPORT_GRPC_STREAM);
@@ -644,8 +701,12 @@ v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& req
                              !pool.gpu_uuid.empty() &&
                              request.device().gpu_uuid() == pool.gpu_uuid &&
                              request.device().host_boot_id() == pool.host_boot_id;
+  std::string why_not_nccl;
+  const bool nccl_possible = allow_nccl && NcclPossible(request, &why_not_nccl) &&
+                             options_.nccl->Ready(request.nccl().communicator_id());
   for (v1::Transport t : asked) {
     if (t == v1::TRANSPORT_SAME_GPU_POOL && pool_possible) return t;
+    if (t == v1::TRANSPORT_NCCL && nccl_possible) return t;
     if (t == v1::TRANSPORT_GRPC_STREAM) return t;
   }
   return v1::TRANSPORT_UNSPECIFIED;
@@ -657,8 +718,9 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
   if (grpc::Status s = CheckRole(*context, "OpenTransfer"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
+    if (request->nccl().setup()) return OpenNcclSetup(*request, response);
     KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, TransferRefs(*request));
-    v1::Transport transport = ChooseTransport(*request);
+    v1::Transport transport = ChooseTransport(*request, /*allow_nccl=*/true);
     if (transport == v1::TRANSPORT_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "transports: none of those listed is possible here (this store offers ",
@@ -714,6 +776,25 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
       } else {
         if (request->lease_id() == 0) store_->Release(pin.lease_id);
         return placed.status();
+      }
+    }
+    if (transport == v1::TRANSPORT_NCCL) {
+      absl::StatusOr<bool> queued = QueueNcclTransfer(*request, refs, pin.lease_id, response);
+      if (queued.ok() && !*queued) {
+        transport = ChooseTransport(*request, /*allow_nccl=*/false);
+        metrics_->RecordNcclFallback();
+      } else if (!queued.ok() && queued.status().code() == absl::StatusCode::kResourceExhausted) {
+        transport = ChooseTransport(*request, /*allow_nccl=*/false);  // the pool is full
+        metrics_->RecordNcclFallback();
+      } else if (!queued.ok()) {
+        if (request->lease_id() == 0) store_->Release(pin.lease_id);
+        return queued.status();
+      }
+      if (transport == v1::TRANSPORT_UNSPECIFIED) {
+        if (request->lease_id() == 0) store_->Release(pin.lease_id);
+        return absl::FailedPreconditionError(
+            "transports: the NCCL transfer does not fit device.free_memory_bytes or the pool, "
+            "and no other transport listed is possible");
       }
     }
     response->set_transport(transport);
