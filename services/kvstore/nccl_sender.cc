@@ -218,8 +218,10 @@ void NcclSender::Run(Comm* c) {
     if (job.on_done) job.on_done(sent);
     if (!sent.ok()) {
       {
+        // Not ready from the moment the failure is counted: no transfer is queued behind it.
         std::lock_guard<std::mutex> lock(mu_);
         ++counts_.transfer_failures;
+        c->ready = false;
       }
       end(sent, /*init=*/false);
       return;
