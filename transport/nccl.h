@@ -82,10 +82,10 @@ class NcclRuntime {
   virtual uint32_t version() const = 0;
 };
 
-// NCCL itself, opened once per process: $KVSTRATA_NCCL_LIBRARY if set, else libnccl.so.2 on the
-// loader's path (LD_LIBRARY_PATH: e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl/lib), else the
-// library found when kvstrata was built. FailedPrecondition naming the files tried when none
-// opens; Unavailable in a build without CUDA or without nccl.h.
+// NCCL itself, opened once per process: $KVSTRATA_NCCL_LIBRARY alone if set, else libnccl.so.2
+// on the loader's path (LD_LIBRARY_PATH: e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl/lib),
+// else the library found when kvstrata was built. FailedPrecondition naming the files tried when
+// none opens; Unavailable in a build without CUDA or without nccl.h.
 absl::StatusOr<NcclRuntime*> SystemNccl();
 
 }  // namespace kvstrata::transport

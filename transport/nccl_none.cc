@@ -6,7 +6,8 @@
 namespace kvstrata::transport {
 
 absl::StatusOr<NcclRuntime*> SystemNccl() {
-  return absl::UnavailableError("this kvstrata was built without NCCL (KVSTRATA_CUDA=OFF or no nccl.h)");
+  return absl::UnavailableError(
+      "this kvstrata was built without NCCL (KVSTRATA_CUDA=OFF or no nccl.h)");
 }
 
 }  // namespace kvstrata::transport

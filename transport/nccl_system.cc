@@ -47,13 +47,16 @@ struct NcclLibrary {
 
 absl::StatusOr<NcclLibrary> OpenLibrary() {
   std::vector<std::string> files;
+  // An operator's explicit choice is the only one tried, so a wrong path fails loudly rather
+  // than quietly loading another NCCL.
   if (const char* env = std::getenv("KVSTRATA_NCCL_LIBRARY"); env != nullptr && *env != '\0') {
     files.push_back(env);
-  }
-  files.push_back("libnccl.so.2");
+  } else {
+    files.push_back("libnccl.so.2");
 #ifdef KVSTRATA_NCCL_BUILD_LIBRARY
-  files.push_back(KVSTRATA_NCCL_BUILD_LIBRARY);
+    files.push_back(KVSTRATA_NCCL_BUILD_LIBRARY);
 #endif
+  }
   void* handle = nullptr;
   std::string tried;
   std::string file;
@@ -66,8 +69,8 @@ absl::StatusOr<NcclLibrary> OpenLibrary() {
     absl::StrAppend(&tried, tried.empty() ? "" : "; ", dlerror());
   }
   if (handle == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot open NCCL (set KVSTRATA_NCCL_LIBRARY or LD_LIBRARY_PATH): ", tried));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open NCCL (set KVSTRATA_NCCL_LIBRARY or LD_LIBRARY_PATH): ", tried));
   }
   NcclLibrary lib;
   std::string missing;
@@ -88,7 +91,8 @@ absl::StatusOr<NcclLibrary> OpenLibrary() {
   bind(lib.last_error, "ncclGetLastError", true);
   bind(lib.comm_register, "ncclCommRegister", false);
   bind(lib.comm_deregister, "ncclCommDeregister", false);
-  if (!missing.empty()) return absl::FailedPreconditionError(absl::StrCat(file, " lacks ", missing));
+  if (!missing.empty())
+    return absl::FailedPreconditionError(absl::StrCat(file, " lacks ", missing));
   if (lib.get_version(&lib.version) != ncclSuccess) lib.version = 0;
   return lib;  // the handle stays open for the life of the process
 }
@@ -99,9 +103,14 @@ absl::Status CudaError(const char* what, cudaError_t e) {
 
 class SystemCommunicator final : public NcclCommunicator {
  public:
-  SystemCommunicator(const NcclLibrary& lib, ncclComm_t comm, cudaStream_t stream,
-                     cudaEvent_t done, int device, int rank, int num_ranks)
-      : lib_(lib), comm_(comm), stream_(stream), done_(done), device_(device), rank_(rank),
+  SystemCommunicator(const NcclLibrary& lib, ncclComm_t comm, cudaStream_t stream, cudaEvent_t done,
+                     int device, int rank, int num_ranks)
+      : lib_(lib),
+        comm_(comm),
+        stream_(stream),
+        done_(done),
+        device_(device),
+        rank_(rank),
         num_ranks_(num_ranks) {}
 
   ~SystemCommunicator() override {
@@ -259,8 +268,8 @@ class SystemRuntime final : public NcclRuntime {
                                                          absl::Time deadline,
                                                          const std::atomic<bool>* cancel) override {
     if (unique_id.size() != kNcclUniqueIdBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("nccl_unique_id: ", unique_id.size(),
-                                                     " bytes, not ", kNcclUniqueIdBytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl_unique_id: ", unique_id.size(), " bytes, not ", kNcclUniqueIdBytes));
     }
     if (num_ranks < 1 || rank < 0 || rank >= num_ranks) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", num_ranks));
@@ -283,9 +292,9 @@ class SystemRuntime final : public NcclRuntime {
       lib_.get_async_error(comm, &state);
       if (state == ncclSuccess) break;
       if (state != ncclInProgress) {
-        std::string message = absl::StrCat("NCCL communicator init (rank ", rank, " of ",
-                                           num_ranks, "): ", lib_.error_string(state), ": ",
-                                           lib_.last_error(comm));
+        std::string message =
+            absl::StrCat("NCCL communicator init (rank ", rank, " of ", num_ranks,
+                         "): ", lib_.error_string(state), ": ", lib_.last_error(comm));
         lib_.abort(comm);
         return absl::UnavailableError(message);
       }
@@ -295,9 +304,9 @@ class SystemRuntime final : public NcclRuntime {
       }
       if (absl::Now() >= deadline) {
         lib_.abort(comm);
-        return absl::DeadlineExceededError(absl::StrCat(
-            "NCCL communicator init (rank ", rank, " of ", num_ranks,
-            "): the other ranks did not join by the deadline (aborted)"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("NCCL communicator init (rank ", rank, " of ", num_ranks,
+                         "): the other ranks did not join by the deadline (aborted)"));
       }
       absl::SleepFor(kPoll);
     }
@@ -322,8 +331,8 @@ class SystemRuntime final : public NcclRuntime {
     }
     void* p = nullptr;
     if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", bytes, " bytes on cuda:",
-                                                       device, ": ", cudaGetErrorString(e)));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cudaMalloc of ", bytes, " bytes on cuda:", device, ": ", cudaGetErrorString(e)));
     }
     auto* range = new DeviceRange{static_cast<uint8_t*>(p), bytes};
     return std::shared_ptr<DeviceRange>(range, [device](DeviceRange* r) {
@@ -341,7 +350,9 @@ class SystemRuntime final : public NcclRuntime {
     std::vector<kernels::PageCopy> copies(pages.size());
     uint64_t max_bytes = 0;
     for (size_t i = 0; i < pages.size(); ++i) {
-      copies[i] = {.src = pages[i].data, .dst = nullptr, .bytes = pages[i].bytes,
+      copies[i] = {.src = pages[i].data,
+                   .dst = nullptr,
+                   .bytes = pages[i].bytes,
                    .expected_digest = pages[i].expected_digest};
       max_bytes = std::max(max_bytes, pages[i].bytes);
     }
@@ -355,7 +366,8 @@ class SystemRuntime final : public NcclRuntime {
       return CudaError("cudaMalloc (digest check)", e);
     }
     auto* d_copies = static_cast<kernels::PageCopy*>(scratch);
-    auto* d_sums = reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch) + copies_bytes);
+    auto* d_sums =
+        reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch) + copies_bytes);
     auto* d_mismatch =
         reinterpret_cast<uint32_t*>(static_cast<char*>(scratch) + copies_bytes + sums_bytes);
     std::vector<uint32_t> mismatch(n, 0);
@@ -364,14 +376,16 @@ class SystemRuntime final : public NcclRuntime {
           e != cudaSuccess) {
         return CudaError("cudaMemcpy (digest check)", e);
       }
-      kernels::PageGatherParams params{.copies = d_copies, .num_pages = static_cast<int>(n),
-                                       .max_page_bytes = max_bytes, .sums = d_sums,
+      kernels::PageGatherParams params{.copies = d_copies,
+                                       .num_pages = static_cast<int>(n),
+                                       .max_page_bytes = max_bytes,
+                                       .sums = d_sums,
                                        .mismatch = d_mismatch};
       if (cudaError_t e = kernels::LaunchPageGather(params, /*stream=*/nullptr); e != cudaSuccess) {
         return CudaError("the digest kernel", e);
       }
-      if (cudaError_t e = cudaMemcpy(mismatch.data(), d_mismatch, n * sizeof(uint32_t),
-                                     cudaMemcpyDeviceToHost);
+      if (cudaError_t e =
+              cudaMemcpy(mismatch.data(), d_mismatch, n * sizeof(uint32_t), cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
         return CudaError("the digest kernel", e);
       }

@@ -11,8 +11,8 @@ namespace kvstrata::decode {
 
 struct NcclPeers::Peer {
   std::string address;
-  std::shared_ptr<transport::DeviceRange> slab;         // made at the first setup, kept
-  std::unique_ptr<transport::NcclCommunicator> comm;    // set when ready
+  std::shared_ptr<transport::DeviceRange> slab;       // made at the first setup, kept
+  std::unique_ptr<transport::NcclCommunicator> comm;  // set when ready
   uint64_t communicator_id = 0;
   uint64_t next_transfer_id = 1;
   bool setting_up = false;
@@ -99,13 +99,12 @@ void NcclPeers::NotChosen(Lane& lane, const v1::OpenTransferResponse& answer) {
 
 void NcclPeers::Forget(Peer* peer, const char* why) {
   if (peer->comm == nullptr) return;
-  fprintf(stderr,
-          "kvstrata-decode: NCCL communicator %llu with kvstore %s: %s; making a new one\n",
+  fprintf(stderr, "kvstrata-decode: NCCL communicator %llu with kvstore %s: %s; making a new one\n",
           static_cast<unsigned long long>(peer->communicator_id), peer->address.c_str(), why);
   if (!peer->comm->broken()) ++counts_.aborts;  // a broken one was aborted (and counted) already
   peer->comm.reset();                           // aborts
   peer->communicator_id = 0;
-  peer->retry_after = absl::InfinitePast();     // the next fetch starts the new setup
+  peer->retry_after = absl::InfinitePast();  // the next fetch starts the new setup
 }
 
 absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
@@ -135,12 +134,12 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
   const int n = p.offset_bytes_size();
   if (answer.communicator_id() != expected_communicator ||
       answer.transfer_id() != expected_transfer) {
-    return fail(absl::DataLossError(absl::StrCat("NCCL transfer ", answer.transfer_id(),
-                                                 " answered where ", expected_transfer,
-                                                 " was next")));
+    return fail(
+        absl::DataLossError(absl::StrCat("NCCL transfer ", answer.transfer_id(), " answered where ",
+                                         expected_transfer, " was next")));
   }
-  if (n != static_cast<int>(keys.size()) || p.digest64_size() != n ||
-      p.byte_length_size() != n || p.encoding_size() != n) {
+  if (n != static_cast<int>(keys.size()) || p.digest64_size() != n || p.byte_length_size() != n ||
+      p.encoding_size() != n) {
     return fail(absl::DataLossError("the NCCL transfer's placements do not match the pages"));
   }
   if (answer.total_bytes() > peer->slab->bytes) {
@@ -152,7 +151,8 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
   recvs.reserve(n);
   checks.reserve(n);
   for (int i = 0; i < n; ++i) {
-    if (p.offset_bytes(i) + p.byte_length(i) > answer.total_bytes() || p.offset_bytes(i) % 16 != 0) {
+    if (p.offset_bytes(i) + p.byte_length(i) > answer.total_bytes() ||
+        p.offset_bytes(i) % 16 != 0) {
       return fail(absl::DataLossError(absl::StrCat("NCCL transfer page ", i, " is misplaced")));
     }
     uint8_t* at = peer->slab->data + p.offset_bytes(i);
@@ -229,26 +229,23 @@ absl::Status NcclPeers::SetupOnce(Peer* peer, kvstore::KvStoreClient* client) {
   if (!answer.ok()) return answer.status();
   if (answer->transport() != v1::TRANSPORT_NCCL ||
       answer->nccl_unique_id().size() != transport::kNcclUniqueIdBytes ||
-      answer->client_rank() >= answer->num_ranks() ||
-      answer->store_rank() >= answer->num_ranks() ||
+      answer->client_rank() >= answer->num_ranks() || answer->store_rank() >= answer->num_ranks() ||
       answer->total_bytes() != transport::kNcclWarmupBytes || answer->communicator_id() == 0) {
     return absl::DataLossError("the kvstore's NCCL setup answer is malformed");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (peer->slab == nullptr) {
-      absl::StatusOr<std::shared_ptr<transport::DeviceRange>> slab =
-          runtime_->Allocate(options_.device, std::max(options_.receive_bytes,
-                                                      transport::kNcclWarmupBytes));
+      absl::StatusOr<std::shared_ptr<transport::DeviceRange>> slab = runtime_->Allocate(
+          options_.device, std::max(options_.receive_bytes, transport::kNcclWarmupBytes));
       if (!slab.ok()) return slab.status();
       peer->slab = *std::move(slab);
     }
   }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(answer->transfer_timeout_ms());
-  absl::StatusOr<std::unique_ptr<transport::NcclCommunicator>> comm =
-      runtime_->Join(answer->nccl_unique_id(), static_cast<int>(answer->num_ranks()),
-                     static_cast<int>(answer->client_rank()), options_.device, deadline,
-                     &peer->cancel);
+  absl::StatusOr<std::unique_ptr<transport::NcclCommunicator>> comm = runtime_->Join(
+      answer->nccl_unique_id(), static_cast<int>(answer->num_ranks()),
+      static_cast<int>(answer->client_rank()), options_.device, deadline, &peer->cancel);
   if (!comm.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++counts_.aborts;  // a join that fails is aborted
@@ -260,8 +257,8 @@ absl::Status NcclPeers::SetupOnce(Peer* peer, kvstore::KvStoreClient* client) {
             peer->address.c_str(), reg.ToString().c_str());
   }
   const transport::DeviceRange warm{peer->slab->data, transport::kNcclWarmupBytes};
-  if (absl::Status s = (*comm)->Transfer(static_cast<int>(answer->store_rank()), {}, {&warm, 1},
-                                         deadline);
+  if (absl::Status s =
+          (*comm)->Transfer(static_cast<int>(answer->store_rank()), {}, {&warm, 1}, deadline);
       !s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++counts_.aborts;

@@ -31,10 +31,10 @@
 namespace kvstrata::decode {
 
 struct NcclPeersOptions {
-  int device = -1;                   // the worker's GPU
-  std::string gpu_uuid;              // its "GPU-..." id, sent as device.gpu_uuid
-  std::string client_id;             // the worker's id, for the stores' logs
-  uint64_t receive_bytes = uint64_t{1} << 30;  // per store: the largest transfer taken
+  int device = -1;                                 // the worker's GPU
+  std::string gpu_uuid;                            // its "GPU-..." id, sent as device.gpu_uuid
+  std::string client_id;                           // the worker's id, for the stores' logs
+  uint64_t receive_bytes = uint64_t{1} << 30;      // per store: the largest transfer taken
   absl::Duration setup_retry = absl::Seconds(10);  // after a failed setup, before the next
   kernels::PageEncoding int2_encoding = kernels::PageEncoding::kInt2Uniform;
 };
@@ -42,13 +42,13 @@ struct NcclPeersOptions {
 // Totals since start, for the kvstrata_decode_nccl_* metrics.
 struct NcclPeersCounts {
   uint64_t communicators_made = 0;
-  uint64_t setup_failures = 0;       // setups refused, joins failed or past their deadline
-  uint64_t transfers = 0;            // received in full with every digest right
+  uint64_t setup_failures = 0;  // setups refused, joins failed or past their deadline
+  uint64_t transfers = 0;       // received in full with every digest right
   uint64_t transfer_bytes = 0;
-  uint64_t transfer_failures = 0;    // errors and missed deadlines (the communicator aborted)
-  uint64_t digest_failures = 0;      // pages that arrived wrong (a miss; communicator kept)
+  uint64_t transfer_failures = 0;  // errors and missed deadlines (the communicator aborted)
+  uint64_t digest_failures = 0;    // pages that arrived wrong (a miss; communicator kept)
   uint64_t aborts = 0;
-  uint64_t busy = 0;                 // fetches that found the store's lane in use
+  uint64_t busy = 0;  // fetches that found the store's lane in use
 };
 
 class NcclPeers {

@@ -68,9 +68,8 @@ absl::StatusOr<NcclSetup> NcclSender::Setup(const std::string& client_id) {
     Comm* raw = c.get();
     comms_.emplace(c->id, std::move(c));
     raw->thread = std::thread([this, raw] { Run(raw); });
-    return NcclSetup{.communicator_id = raw->id,
-                     .unique_id = raw->unique_id,
-                     .timeout = options_.init_timeout};
+    return NcclSetup{
+        .communicator_id = raw->id, .unique_id = raw->unique_id, .timeout = options_.init_timeout};
   }();
   for (auto& c : done) c->thread.join();  // they have ended: immediate
   return out;
@@ -82,8 +81,7 @@ bool NcclSender::Ready(uint64_t id) const {
   return it != comms_.end() && it->second->ready && !it->second->broken && !it->second->stopping;
 }
 
-absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id,
-                                             std::vector<transport::DeviceRange> sends,
+absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, std::vector<transport::DeviceRange> sends,
                                              std::function<void(const absl::Status&)> on_done) {
   uint64_t bytes = 0;
   for (size_t i = 0; i < sends.size(); ++i) {
@@ -175,9 +173,8 @@ void NcclSender::Run(Comm* c) {
     if (c->stopping) cancel = true;
   });
   const absl::Time init_deadline = absl::Now() + options_.init_timeout;
-  absl::StatusOr<std::unique_ptr<transport::NcclCommunicator>> joined =
-      runtime_->Join(c->unique_id, /*num_ranks=*/2, /*rank=*/0, options_.device, init_deadline,
-                     &cancel);
+  absl::StatusOr<std::unique_ptr<transport::NcclCommunicator>> joined = runtime_->Join(
+      c->unique_id, /*num_ranks=*/2, /*rank=*/0, options_.device, init_deadline, &cancel);
   absl::Status warm = joined.status();
   if (joined.ok()) {
     // Registration is an optimisation (zero-copy over NVLink); transfers work without it.

@@ -41,13 +41,13 @@ struct NcclSenderOptions {
 
 // What the sender has done, for the kvstrata_kvstore_nccl_* metrics (totals since start).
 struct NcclSenderCounts {
-  uint64_t communicators_made = 0;   // joined by their worker and warmed up
-  uint64_t init_failures = 0;        // joins that failed or ran past init_timeout
-  uint64_t transfers = 0;            // transfers sent in full
+  uint64_t communicators_made = 0;  // joined by their worker and warmed up
+  uint64_t init_failures = 0;       // joins that failed or ran past init_timeout
+  uint64_t transfers = 0;           // transfers sent in full
   uint64_t transfer_bytes = 0;
-  uint64_t transfer_failures = 0;    // transfers that failed or ran past their deadline
-  uint64_t aborts = 0;               // communicators aborted (init or transfer)
-  uint64_t live_communicators = 0;   // a gauge: ready or joining now
+  uint64_t transfer_failures = 0;   // transfers that failed or ran past their deadline
+  uint64_t aborts = 0;              // communicators aborted (init or transfer)
+  uint64_t live_communicators = 0;  // a gauge: ready or joining now
 };
 
 // What a setup answers (OpenTransferResponse's NCCL fields).
@@ -106,9 +106,9 @@ class NcclSender {
     std::string client_id;
     std::string unique_id;
     std::unique_ptr<transport::NcclCommunicator> comm;  // set by its thread once joined
-    bool join_ended = false;  // joined and warmed up, or failed to
+    bool join_ended = false;                            // joined and warmed up, or failed to
     bool ready = false;
-    bool broken = false;   // aborted, or failed to join: the thread ends
+    bool broken = false;  // aborted, or failed to join: the thread ends
     bool stopping = false;
     uint64_t next_transfer_id = 1;
     std::deque<Job> jobs;

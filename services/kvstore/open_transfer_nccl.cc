@@ -46,13 +46,14 @@ absl::Status KvStoreService::OpenNcclSetup(const v1::OpenTransferRequest& reques
   if (request.nccl().communicator_id() != 0) {
     return absl::InvalidArgumentError("nccl.communicator_id: must be 0 with nccl.setup");
   }
-  if (std::find(request.transports().begin(), request.transports().end(),
-                v1::TRANSPORT_NCCL) == request.transports().end()) {
+  if (std::find(request.transports().begin(), request.transports().end(), v1::TRANSPORT_NCCL) ==
+      request.transports().end()) {
     return absl::InvalidArgumentError("transports: nccl.setup needs TRANSPORT_NCCL listed");
   }
   if (request.client_id().empty()) {
-    return absl::InvalidArgumentError("client_id: needed for nccl.setup (communicators are kept "
-                                      "per client)");
+    return absl::InvalidArgumentError(
+        "client_id: needed for nccl.setup (communicators are kept "
+        "per client)");
   }
   std::string why;
   if (!NcclPossible(request, &why)) {

@@ -52,8 +52,10 @@ class DecodeNcclTest : public ::testing::Test {
     options.fast_tier = tier_;
     store_ = std::make_unique<kvstore::PageStore>(options, &clock_);
     kvstore::KvStoreServiceOptions service_options{.store_id = "test-store"};
-    service_options.same_gpu_pool = {.socket_path = "/tmp/test-pool.sock", .pool_id = 77,
-                                     .gpu_uuid = kStoreGpu, .host_boot_id = "boot"};
+    service_options.same_gpu_pool = {.socket_path = "/tmp/test-pool.sock",
+                                     .pool_id = 77,
+                                     .gpu_uuid = kStoreGpu,
+                                     .host_boot_id = "boot"};
     if (store_has_nccl) {
       sender_ = std::make_unique<kvstore::NcclSender>(&nccl_, tier_->base(), tier_->size(),
                                                       sender_options);

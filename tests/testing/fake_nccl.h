@@ -29,10 +29,10 @@ class FakeNccl final : public transport::NcclRuntime {
  public:
   // What tests look at and the faults they set (guarded by mu()).
   struct Record {
-    int joins = 0;          // communicators joined (every rank counts)
+    int joins = 0;  // communicators joined (every rank counts)
     int join_timeouts = 0;
     int aborts = 0;
-    int transfers = 0;      // Transfer calls that completed
+    int transfers = 0;  // Transfer calls that completed
     bool fail_joins = false;
     bool corrupt_next_send = false;  // flips a byte of the next page sent
   };
@@ -172,8 +172,9 @@ class FakeNccl final : public transport::NcclRuntime {
             // Withdraw what was not received, as an aborted NCCL communicator would.
             std::deque<Message>& out = world_->channels[{rank_, peer}];
             std::erase_if(out, [&](const Message& m) {
-              return std::any_of(received.begin(), received.end(),
-                                 [&](const std::unique_ptr<bool>& b) { return b.get() == m.received; });
+              return std::any_of(
+                  received.begin(), received.end(),
+                  [&](const std::unique_ptr<bool>& b) { return b.get() == m.received; });
             });
             return s;
           }

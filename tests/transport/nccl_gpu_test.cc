@@ -36,8 +36,8 @@ class NcclGpuTest : public ::testing::Test {
     absl::StatusOr<std::string> id = nccl_->NewUniqueId();
     EXPECT_TRUE(id.ok()) << id.status();
     EXPECT_EQ(id->size(), kNcclUniqueIdBytes);
-    absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
-        nccl_->Join(*id, /*num_ranks=*/1, /*rank=*/0, /*device=*/0, absl::Now() + absl::Seconds(60));
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm = nccl_->Join(
+        *id, /*num_ranks=*/1, /*rank=*/0, /*device=*/0, absl::Now() + absl::Seconds(60));
     EXPECT_TRUE(comm.ok()) << comm.status();
     return comm.ok() ? *std::move(comm) : nullptr;
   }
@@ -76,14 +76,15 @@ TEST_F(NcclGpuTest, GroupedSelfTransferMovesPagesAndDigestsCheck) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     sends.push_back({(*src)->data + offsets[i], sizes[i]});
     recvs.push_back({(*dst)->data + offsets[i], sizes[i]});
-    checks.push_back({(*dst)->data + offsets[i], sizes[i],
-                      PageDigest64(host.data() + offsets[i], sizes[i])});
+    checks.push_back(
+        {(*dst)->data + offsets[i], sizes[i], PageDigest64(host.data() + offsets[i], sizes[i])});
   }
   ASSERT_TRUE(comm->Transfer(/*peer=*/0, sends, recvs, absl::Now() + absl::Seconds(30)).ok());
   std::vector<uint8_t> back(total);
   ASSERT_EQ(cudaMemcpy(back.data(), (*dst)->data, total, cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < sizes.size(); ++i) {
-    ASSERT_EQ(0, memcmp(back.data() + offsets[i], host.data() + offsets[i], sizes[i])) << "page " << i;
+    ASSERT_EQ(0, memcmp(back.data() + offsets[i], host.data() + offsets[i], sizes[i]))
+        << "page " << i;
   }
   EXPECT_TRUE(nccl_->VerifyDigests(0, checks).ok());
 
@@ -126,8 +127,8 @@ TEST_F(NcclGpuTest, TransferDeadlineAbortsAndANewCommunicatorWorks) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(unmatched) || absl::IsUnavailable(unmatched)) << unmatched;
   EXPECT_LT(absl::Now() - start, absl::Seconds(12));
   EXPECT_TRUE(comm->broken());
-  EXPECT_TRUE(absl::IsFailedPrecondition(comm->Transfer(0, {&send, 1}, {&send, 1},
-                                                        absl::Now() + absl::Seconds(5))));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      comm->Transfer(0, {&send, 1}, {&send, 1}, absl::Now() + absl::Seconds(5))));
   comm.reset();
 
   std::unique_ptr<NcclCommunicator> fresh = JoinAlone();
