@@ -207,13 +207,16 @@ void NcclPeers::Setup(Peer* peer, kvstore::KvStoreClient* client) {
   peer->setting_up = false;
   if (s.ok()) return;
   ++counts_.setup_failures;
-  peer->retry_after = absl::Now() + options_.setup_retry;
+  // A store that cannot do NCCL with this worker (a CPU store, or one on this GPU, which the
+  // same-GPU pool serves) is asked again only rarely; a failure is retried soon.
+  const bool unsupported = absl::IsFailedPrecondition(s);
+  const absl::Duration pause = unsupported ? options_.unsupported_retry : options_.setup_retry;
+  peer->retry_after = absl::Now() + pause;
   if (!stopping_) {
-    fprintf(stderr,
-            "kvstrata-decode: WARNING: NCCL setup with kvstore %s failed (its prefixes come by "
-            "gRPC meanwhile; retried in %s): %s\n",
-            peer->address.c_str(), absl::FormatDuration(options_.setup_retry).c_str(),
-            s.ToString().c_str());
+    fprintf(stderr, "kvstrata-decode: %sNCCL setup with kvstore %s %s (asked again in %s): %s\n",
+            unsupported ? "" : "WARNING: ", peer->address.c_str(),
+            unsupported ? "not possible" : "failed; its prefixes come by gRPC meanwhile",
+            absl::FormatDuration(pause).c_str(), s.ToString().c_str());
   }
 }
 

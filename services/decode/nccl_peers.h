@@ -36,6 +36,9 @@ struct NcclPeersOptions {
   std::string client_id;                           // the worker's id, for the stores' logs
   uint64_t receive_bytes = uint64_t{1} << 30;      // per store: the largest transfer taken
   absl::Duration setup_retry = absl::Seconds(10);  // after a failed setup, before the next
+  // After a store answered that NCCL is not possible with it (FAILED_PRECONDITION: a store
+  // without a GPU tier or NCCL, or on this very GPU), before it is asked again.
+  absl::Duration unsupported_retry = absl::Minutes(10);
   kernels::PageEncoding int2_encoding = kernels::PageEncoding::kInt2Uniform;
 };
 

@@ -201,7 +201,8 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
 
 TEST_F(DecodeNcclTest, AStoreWithoutNcclIsAFailedSetupRetriedOnlyAfterAPause) {
   NcclPeersOptions peers;
-  peers.setup_retry = absl::Hours(1);
+  peers.setup_retry = absl::ZeroDuration();  // a failure would be retried at once...
+  peers.unsupported_retry = absl::Hours(1);  // ...but "not possible here" waits
   Start(/*store_has_nccl=*/false, {}, peers);
   EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
   ASSERT_TRUE(Eventually([&] { return peers_->Counts().setup_failures == 1; }));
