@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "kernels/cuda/page_gather.h"
 #include "transport/nccl.h"
 
@@ -133,8 +134,11 @@ class SystemCommunicator final : public NcclCommunicator {
     if (broken_) return absl::FailedPreconditionError("the NCCL communicator was aborted");
     cudaSetDevice(device_);
     void* handle = nullptr;
-    if (ncclResult_t r = lib_.comm_register(comm_, range.data, range.bytes, &handle);
-        r != ncclSuccess) {
+    const ncclResult_t r = lib_.comm_register(comm_, range.data, range.bytes, &handle);
+    if (r == ncclInProgress) {
+      // A non-blocking communicator may finish the registration in the background.
+      KV_RETURN_IF_ERROR(WaitForState("ncclCommRegister", absl::Now() + absl::Seconds(30)));
+    } else if (r != ncclSuccess) {
       return absl::UnavailableError(absl::StrCat("ncclCommRegister: ", Message(r)));
     }
     registered_.push_back(handle);
