@@ -199,6 +199,31 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   EXPECT_TRUE(peers_->Receive(*again, *next, keys_, chain_[0].meta.parent_key, 0).ok());
 }
 
+TEST_F(DecodeNcclTest, AStoreThatGoesAwayMidTransferIsAMissWithinTheDeadline) {
+  Start();
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().hold_sends = true;  // the store's sends never leave: it dies first
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok());
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  server_.reset();  // the kvstore process goes away with its communicator
+  service_.reset();
+  sender_.reset();
+  v1::OpenTransferResponse shortened = *answer;
+  shortened.set_transfer_timeout_ms(300);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, shortened, keys_, chain_[0].meta.parent_key, 0);
+  EXPECT_FALSE(pages.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(peers_->Counts().transfer_failures, 1u);
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+}
+
 TEST_F(DecodeNcclTest, AStoreWithoutNcclIsAFailedSetupRetriedOnlyAfterAPause) {
   NcclPeersOptions peers;
   peers.setup_retry = absl::ZeroDuration();  // a failure would be retried at once...

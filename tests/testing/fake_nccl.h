@@ -35,6 +35,7 @@ class FakeNccl final : public transport::NcclRuntime {
     int transfers = 0;  // Transfer calls that completed
     bool fail_joins = false;
     bool corrupt_next_send = false;  // flips a byte of the next page sent
+    bool hold_sends = false;         // sends are posted but never reach the peer (a dead sender)
   };
 
   absl::StatusOr<std::string> NewUniqueId() override {
@@ -130,6 +131,7 @@ class FakeNccl final : public transport::NcclRuntime {
       if (broken_) return absl::FailedPreconditionError("fake: the communicator was aborted");
       std::vector<std::unique_ptr<bool>> received;
       for (const transport::DeviceRange& s : sends) {
+        if (nccl_->record_.hold_sends) break;
         received.push_back(std::make_unique<bool>(false));
         std::vector<uint8_t> bytes(s.data, s.data + s.bytes);
         if (nccl_->record_.corrupt_next_send && !bytes.empty()) {
