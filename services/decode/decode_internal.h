@@ -58,7 +58,8 @@ class DecodeMetrics {
         kvstore_transfers(r->AddCounter(
             "kvstrata_decode_kvstore_transfers_total",
             "Cached prefixes taken from a kvstore, by transport: grpc_stream (Fetch) or "
-            "same_gpu_pool (the store's HBM pool on this worker's GPU, copied GPU to GPU).",
+            "same_gpu_pool (the store's HBM pool on this worker's GPU, copied GPU to GPU) or "
+            "nccl (from a store on another GPU).",
             {"transport"})),
         ttft(r->AddHistogram("kvstrata_decode_time_to_first_token_seconds",
                              "RPC accepted until the first token was sent.",
@@ -119,13 +120,37 @@ class DecodeMetrics {
         kvstore_chain_fallbacks(r->AddCounter(
             "kvstrata_decode_kvstore_chain_fallbacks_total",
             "Same-GPU handshakes resent with every page key because the kvstore refused the "
-            "page chain (a store older than the chain form).")) {
+            "page chain (a store older than the chain form).")),
+        nccl_communicators_made(r->AddCounter(
+            "kvstrata_decode_nccl_communicators_made_total",
+            "NCCL communicators made with kvstores on other GPUs (joined and warmed up).")),
+        nccl_setup_failures(r->AddCounter(
+            "kvstrata_decode_nccl_setup_failures_total",
+            "NCCL setups with a kvstore that failed or missed their deadline (its prefixes come "
+            "by gRPC until a later setup works).")),
+        nccl_transfers(r->AddCounter("kvstrata_decode_nccl_transfers_total",
+                                     "Cached prefixes received over NCCL, digests checked.")),
+        nccl_transfer_bytes(r->AddCounter("kvstrata_decode_nccl_transfer_bytes_total",
+                                          "Page bytes received over NCCL.")),
+        nccl_transfer_failures(r->AddCounter(
+            "kvstrata_decode_nccl_transfer_failures_total",
+            "NCCL transfers that failed or missed their deadline (a miss; the communicator is "
+            "aborted and made again).")),
+        nccl_digest_failures(r->AddCounter(
+            "kvstrata_decode_nccl_digest_failures_total",
+            "NCCL transfers with a page whose digest differed on arrival (a miss).")),
+        nccl_aborts(r->AddCounter("kvstrata_decode_nccl_aborts_total",
+                                  "NCCL communicators aborted (ncclCommAbort).")),
+        nccl_busy(r->AddCounter(
+            "kvstrata_decode_nccl_busy_total",
+            "Fetches that found their kvstore's NCCL communicator carrying another request's "
+            "pages and took another transport.")) {
     // Labelled series that exist from the start read as 0 rather than as missing (a family
     // without labels has its one series from the start).
     for (const char* op : {"lookup", "fetch", "put", "import", "transfer"}) {
       kvstore_errors.With({op});
     }
-    for (const char* t : {"grpc_stream", "same_gpu_pool"}) kvstore_transfers.With({t});
+    for (const char* t : {"grpc_stream", "same_gpu_pool", "nccl"}) kvstore_transfers.With({t});
     for (const char* tier : {"local", "kvstore", "none"}) prompt_tokens.With({tier});
   }
 
@@ -155,6 +180,14 @@ class DecodeMetrics {
   Family<Counter>& kvstore_ejections;
   Family<Counter>& prefix_waits;
   Family<Counter>& kvstore_chain_fallbacks;
+  Family<Counter>& nccl_communicators_made;
+  Family<Counter>& nccl_setup_failures;
+  Family<Counter>& nccl_transfers;
+  Family<Counter>& nccl_transfer_bytes;
+  Family<Counter>& nccl_transfer_failures;
+  Family<Counter>& nccl_digest_failures;
+  Family<Counter>& nccl_aborts;
+  Family<Counter>& nccl_busy;
 };
 
 // The local tier's size for the gauges.

@@ -93,16 +93,33 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
     refs.push_back({keys[i], v1::PAGE_ENCODING_UNSPECIFIED});
   }
   FetchedPrefix out;
-  if (same_gpu_ != nullptr && same_gpu_->enabled()) {
+  // A kvstore on another GPU: its NCCL communicator, if one is ready and free (else one is made
+  // in the background, and this prefix comes another way).
+  std::shared_ptr<NcclPeers::Lane> lane =
+      nccl_ != nullptr && lease_id != 0 ? nccl_->Acquire(client) : nullptr;
+  if ((same_gpu_ != nullptr && same_gpu_->enabled()) || lane != nullptr) {
     const std::span<const PageKey> run = std::span<const PageKey>(keys).subspan(skip, refs.size());
-    if (std::optional<std::vector<engine::DevicePage>> device =
-            OpenSameGpuTransfer(client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
-                                static_cast<int64_t>(skip), lease_id)) {
+    v1::Transport used = v1::TRANSPORT_UNSPECIFIED;
+    bool miss = false;
+    std::optional<std::vector<engine::DevicePage>> device =
+        OpenSameGpuTransfer(client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
+                            static_cast<int64_t>(skip), lease_id, lane.get(), &used, &miss);
+    if (nccl_ != nullptr) SyncNcclMetrics();
+    if (device) {
       out.device_pages = *std::move(device);
-      out.lease = std::move(lease);
-      metrics_->kvstore_transfers.With({"same_gpu_pool"}).Increment();
+      if (used == v1::TRANSPORT_NCCL) {
+        // The pages lie in the lane's receive slab: it is held with the lease until the request
+        // lets go of them.
+        out.lease = std::shared_ptr<void>(nullptr, [lease, lane](void*) {});
+        metrics_->kvstore_transfers.With({"nccl"}).Increment();
+      } else {
+        out.lease = std::move(lease);
+        metrics_->kvstore_transfers.With({"same_gpu_pool"}).Increment();
+      }
       return out;
     }
+    if (miss) return {};  // an NCCL transfer failed: computing the prefix is the fallback
+    lane.reset();
   }
   absl::StatusOr<std::vector<kvstore::FetchedPage>> fetched = client->Fetch(refs, lease_id);
   ReportStoreResult(client->address(), fetched.status());
@@ -129,12 +146,14 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
 
 std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfer(
     kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
-    const PageKey& first_parent, int64_t first_index, uint64_t lease_id) {
+    const PageKey& first_parent, int64_t first_index, uint64_t lease_id, NcclPeers::Lane* lane,
+    v1::Transport* used, bool* miss) {
   if (lease_id == 0) return std::nullopt;
   v1::OpenTransferRequest request;
   request.set_client_id(options_.worker_id);
   request.set_compact(true);
   same_gpu_->Describe(&request);
+  if (lane != nullptr) nccl_->Offer(*lane, &request);
   request.set_lease_id(lease_id);
   bool every_key = false;
   absl::StatusOr<v1::OpenTransferResponse> answer =
@@ -158,6 +177,27 @@ std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfe
     }
     return std::nullopt;
   }
+  if (used != nullptr) *used = answer->transport();
+  if (answer->transport() == v1::TRANSPORT_NCCL && lane != nullptr) {
+    absl::StatusOr<std::vector<engine::DevicePage>> pages =
+        nccl_->Receive(*lane, *answer, keys, first_parent, first_index);
+    if (!pages.ok()) {
+      *miss = true;
+      metrics_->kvstore_errors.With({"transfer"}).Increment();
+      fprintf(stderr,
+              "kvstrata-decode: request %s: NCCL transfer of %zu pages from kvstore %s failed (a "
+              "miss): %s\n",
+              request_id.c_str(), keys.size(), client->address().c_str(),
+              pages.status().ToString().c_str());
+      return std::nullopt;
+    }
+    size_t bytes = 0;
+    for (const engine::DevicePage& p : *pages) bytes += static_cast<size_t>(p.byte_length);
+    metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
+    if (bytes > 0) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
+    return *std::move(pages);
+  }
+  if (lane != nullptr) nccl_->NotChosen(*lane, *answer);
   if (answer->transport() != v1::TRANSPORT_SAME_GPU_POOL) return std::nullopt;
   absl::StatusOr<std::vector<engine::DevicePage>> pages =
       same_gpu_->Pages(*answer, keys, first_parent, first_index);
@@ -172,6 +212,24 @@ std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfe
   metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
   if (bytes > 0) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
   return *std::move(pages);
+}
+
+void DecodeService::SyncNcclMetrics() {
+  const NcclPeersCounts now = nccl_->Counts();
+  std::lock_guard<std::mutex> lock(nccl_metrics_mu_);
+  auto advance = [](Family<Counter>& c, uint64_t now, uint64_t before) {
+    if (now > before) c.Get().Increment(static_cast<double>(now - before));
+  };
+  const NcclPeersCounts& was = nccl_synced_;
+  advance(metrics_->nccl_communicators_made, now.communicators_made, was.communicators_made);
+  advance(metrics_->nccl_setup_failures, now.setup_failures, was.setup_failures);
+  advance(metrics_->nccl_transfers, now.transfers, was.transfers);
+  advance(metrics_->nccl_transfer_bytes, now.transfer_bytes, was.transfer_bytes);
+  advance(metrics_->nccl_transfer_failures, now.transfer_failures, was.transfer_failures);
+  advance(metrics_->nccl_digest_failures, now.digest_failures, was.digest_failures);
+  advance(metrics_->nccl_aborts, now.aborts, was.aborts);
+  advance(metrics_->nccl_busy, now.busy, was.busy);
+  nccl_synced_ = now;
 }
 
 void DecodeService::PublishLoop() {

@@ -18,6 +18,10 @@
 #include "services/common/generate_input.h"
 #include "services/decode/decode_internal.h"
 
+#ifdef KVSTRATA_HAVE_CUDA
+#include "engine/cuda/device_page_memory.h"
+#endif
+
 namespace kvstrata::decode {
 
 namespace {
@@ -206,6 +210,28 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
     const bool same_gpu_off = macs && !options_.same_gpu_with_page_macs;
     same_gpu_ = std::make_unique<SameGpuPools>(same_gpu_off ? -1 : options_.same_gpu_device,
                                                engine_->cache().int2_encoding());
+    if (options_.nccl_runtime != nullptr && options_.nccl_device >= 0 && !macs) {
+      std::string uuid = options_.nccl_gpu_uuid;
+#ifdef KVSTRATA_HAVE_CUDA
+      if (uuid.empty()) {
+        absl::StatusOr<std::pair<std::string, std::string>> id =
+            engine::GpuUuidAndName(options_.nccl_device);
+        if (id.ok()) uuid = id->first;
+      }
+#endif
+      if (uuid.empty()) {
+        fprintf(stderr, "kvstrata-decode: WARNING: cuda:%d has no GPU id; NCCL is not offered\n",
+                options_.nccl_device);
+      } else {
+        nccl_ = std::make_unique<NcclPeers>(
+            options_.nccl_runtime,
+            NcclPeersOptions{.device = options_.nccl_device,
+                             .gpu_uuid = uuid,
+                             .client_id = options_.worker_id,
+                             .receive_bytes = options_.nccl_receive_bytes,
+                             .int2_encoding = engine_->cache().int2_encoding()});
+      }
+    }
     if (same_gpu_off && options_.same_gpu_device >= 0) {
       fprintf(stderr,
               "kvstrata-decode: page MACs are on: cached pages come by gRPC and are checked on "

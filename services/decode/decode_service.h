@@ -39,6 +39,7 @@
 #include "services/common/generation_service.h"
 #include "services/decode/local_pages.h"
 #include "services/decode/registration.h"
+#include "services/decode/nccl_peers.h"
 #include "services/decode/same_gpu_pools.h"
 #include "services/kvstore/client.h"
 
@@ -60,6 +61,15 @@ struct DecodeServiceOptions {
   // trusting the kvstore on this GPU (one that shares this host and a socket folder with the
   // worker: in Kubernetes, the one in the worker's pod); pages by gRPC are MAC-checked still.
   bool same_gpu_with_page_macs = false;
+  // TRANSPORT_NCCL to kvstores on other GPUs: the runtime (borrowed; transport::SystemNccl(),
+  // or a fake in tests) and this worker's GPU; null or -1: not offered. Off with page MACs,
+  // like the same-GPU transport (digests, not MACs, check its pages).
+  transport::NcclRuntime* nccl_runtime = nullptr;
+  int nccl_device = -1;
+  // The worker GPU's "GPU-..." id; empty: asked of CUDA for nccl_device.
+  std::string nccl_gpu_uuid;
+  // Per kvstore: the receive slab on the worker's GPU, the largest prefix taken over NCCL.
+  uint64_t nccl_receive_bytes = uint64_t{1} << 30;
   // Capacity of the local page tier in bytes; 0 = no local tier.
   int64_t local_cache_bytes = int64_t{256} << 20;
   // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
@@ -187,9 +197,15 @@ class DecodeService final : public GenerationService {
   // The same-GPU pool's pages for `keys` (primary forms, consecutive pages of one chain), under
   // `lease_id`; nullopt when the store answers another transport or anything fails (then
   // Fetch). `first_parent` is the parent of keys[0]'s page, whose index is `first_index`.
+  // With `lane`, TRANSPORT_NCCL is offered too (after the pool, before the byte stream), and
+  // `used` tells which transport the pages came by; an NCCL transfer that fails sets *miss (the
+  // caller then fetches nothing: the prefix is computed).
   std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
       kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
-      const PageKey& first_parent, int64_t first_index, uint64_t lease_id);
+      const PageKey& first_parent, int64_t first_index, uint64_t lease_id,
+      NcclPeers::Lane* lane = nullptr, v1::Transport* used = nullptr, bool* miss = nullptr);
+  // Copies NcclPeers' totals into the kvstrata_decode_nccl_* counters.
+  void SyncNcclMetrics();
   // Puts a finished sequence's pages (primary forms) into the local tier.
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
@@ -226,6 +242,9 @@ class DecodeService final : public GenerationService {
   std::mutex ring_mu_;
   std::unique_ptr<kvstore::KvStoreRing> ring_;  // null without a kvstore
   std::unique_ptr<SameGpuPools> same_gpu_;
+  std::unique_ptr<NcclPeers> nccl_;  // null without NCCL; before ring_ in destruction
+  std::mutex nccl_metrics_mu_;
+  NcclPeersCounts nccl_synced_;
   std::atomic<bool> chain_fallback_logged_{false};
 
   mutable std::mutex mu_;

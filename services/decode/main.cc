@@ -35,6 +35,7 @@
 #include "rpc/security_flags.h"
 #include "rpc/server.h"
 #include "services/decode/decode_service.h"
+#include "transport/nccl.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50071",
           "gRPC address to serve Generation on (port 0: any).");
@@ -52,6 +53,13 @@ ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
 ABSL_FLAG(bool, same_gpu_transport, true,
           "With --device cuda: ask kvstores for the same-GPU transport (a GPU kvstore on this "
           "GPU hands over its HBM pool; pages are copied GPU to GPU instead of by gRPC).");
+ABSL_FLAG(bool, nccl_transport, true,
+          "With --device cuda: take cached prefixes from GPU kvstores on other GPUs over NCCL "
+          "(a communicator per kvstore, made in the background). Needs libnccl.so.2 on the "
+          "loader's path or $KVSTRATA_NCCL_LIBRARY; without it the worker says so and uses gRPC.");
+ABSL_FLAG(uint32_t, nccl_receive_mb, 1024,
+          "With --nccl_transport: the receive memory per kvstore on this GPU, in MiB: the "
+          "largest prefix taken over NCCL (100K tokens of an 8B model are ~2.1 GB).");
 ABSL_FLAG(bool, same_gpu_with_page_macs, false,
           "With --page_mac_key_file: keep the same-GPU transport on. Its pages are checked by "
           "their digest, not their MAC, so this trusts the kvstore on this GPU (in Kubernetes, "
@@ -148,6 +156,23 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     config.service.same_gpu_device = device->index;
   }
   config.service.same_gpu_with_page_macs = absl::GetFlag(FLAGS_same_gpu_with_page_macs);
+  const uint32_t nccl_mb = absl::GetFlag(FLAGS_nccl_receive_mb);
+  if (nccl_mb == 0 || nccl_mb > (1u << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nccl_receive_mb=", nccl_mb, ": must be in [1, 1048576]"));
+  }
+  config.service.nccl_receive_bytes = uint64_t{nccl_mb} << 20;
+  if (device->cuda && absl::GetFlag(FLAGS_nccl_transport)) {
+    absl::StatusOr<transport::NcclRuntime*> nccl = transport::SystemNccl();
+    if (nccl.ok()) {
+      config.service.nccl_runtime = *nccl;
+      config.service.nccl_device = device->index;
+    } else {
+      // Degraded, not fatal: prefixes from stores on other GPUs come by gRPC.
+      fprintf(stderr, "kvstrata-decode: WARNING: --nccl_transport: %s; NCCL is not used\n",
+              std::string(nccl.status().message()).c_str());
+    }
+  }
   absl::StatusOr<engine::GpuWeights> weights =
       engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
   if (!weights.ok()) {

@@ -24,6 +24,7 @@ class HbmTierMemory final : public TierMemory {
     return memory_->Read(static_cast<int64_t>(offset), dst, static_cast<int64_t>(n));
   }
   std::string Describe() const override { return describe_; }
+  uint8_t* base() const override { return memory_->data(); }
   const engine::DevicePageMemory& memory() const { return *memory_; }
 
  private:

@@ -19,144 +19,11 @@
 #include "core/status_macros.h"
 #include "rpc/parse.h"
 #include "rpc/status.h"
+#include "services/kvstore/kvstore_metrics.h"
 #include "services/kvstore/put_header.h"
 #include "services/kvstore/transport.h"
 
 namespace kvstrata::kvstore {
-
-// The kvstrata_kvstore_* metrics, declared in one place. Store occupancy and totals are copied
-// from PageStore::Stats after every call (counters advance by the difference).
-class KvStoreMetrics {
- public:
-  explicit KvStoreMetrics(MetricsRegistry& r)
-      : pages_(r.AddGauge("kvstrata_kvstore_pages", "Pages stored (primary forms).").Get()),
-        recent_copies_(r.AddGauge("kvstrata_kvstore_bf16_recent_copies",
-                                  "BF16_RECENT copies stored beside their INT2 pages.")
-                           .Get()),
-        used_bytes_(r.AddGauge("kvstrata_kvstore_used_bytes", "Bytes of page data stored.").Get()),
-        capacity_bytes_(
-            r.AddGauge("kvstrata_kvstore_capacity_bytes", "Capacity of the page store.").Get()),
-        pinned_pages_(
-            r.AddGauge("kvstrata_kvstore_pinned_pages", "Pages covered by a live lease.").Get()),
-        active_leases_(r.AddGauge("kvstrata_kvstore_active_leases", "Live leases.").Get()),
-        stored_(
-            r.AddCounter("kvstrata_kvstore_pages_stored_total", "Page forms newly stored.").Get()),
-        duplicates_(r.AddCounter("kvstrata_kvstore_put_duplicates_total",
-                                 "Puts of page forms already stored (nothing written).")
-                        .Get()),
-        evictions_(r.AddCounter("kvstrata_kvstore_evictions_total",
-                                "Pages evicted to make room (LRU leaves).")
-                       .Get()),
-        evicted_bytes_(r.AddCounter("kvstrata_kvstore_evicted_bytes_total",
-                                    "Bytes of pages evicted to make room.")
-                           .Get()),
-        lookups_(r.AddCounter("kvstrata_kvstore_lookups_total", "Lookup calls.").Get()),
-        lookup_pages_(
-            r.AddCounter("kvstrata_kvstore_lookup_pages_total", "Page keys asked for in Lookups.")
-                .Get()),
-        lookup_hit_pages_(r.AddCounter("kvstrata_kvstore_lookup_hit_pages_total",
-                                       "Page keys found by Lookups (matched prefix).")
-                              .Get()),
-        fetched_pages_(
-            r.AddCounter("kvstrata_kvstore_fetched_pages_total", "Pages served by Fetch.").Get()),
-        fetched_bytes_(
-            r.AddCounter("kvstrata_kvstore_fetch_bytes_total", "Page bytes served by Fetch.")
-                .Get()),
-        checksum_failures_(r.AddCounter("kvstrata_kvstore_checksum_failures_total",
-                                        "Puts with a checksum mismatch and pages found corrupt.")
-                               .Get()),
-        leases_expired_(
-            r.AddCounter("kvstrata_kvstore_leases_expired_total", "Leases that expired.").Get()),
-        tier_used_(r.AddGauge("kvstrata_kvstore_tier_used_bytes",
-                              "Bytes of page data per tier (gpu: the HBM pool; host).", {"tier"})),
-        tier_capacity_(r.AddGauge("kvstrata_kvstore_tier_capacity_bytes", "Capacity per tier.",
-                                  {"tier"})),
-        tier_forms_(r.AddGauge("kvstrata_kvstore_tier_page_forms",
-                               "Page forms (primaries and BF16_RECENT copies) per tier.", {"tier"})),
-        tier_moves_(r.AddCounter("kvstrata_kvstore_tier_moves_total",
-                                 "Page forms moved between tiers (down: to make room in the GPU "
-                                 "tier; up: for a same-GPU transfer).",
-                                 {"direction"})),
-        transfers_(r.AddCounter("kvstrata_kvstore_transfers_total",
-                                "OpenTransfer calls answered, by the transport chosen.",
-                                {"transport"})),
-        requests_(r.AddCounter("kvstrata_kvstore_requests_total",
-                               "KvStore RPCs by method and gRPC status code.", {"method", "code"})),
-        latency_(r.AddHistogram("kvstrata_kvstore_request_duration_seconds",
-                                "KvStore RPC latency (whole stream for streaming RPCs).",
-                                RpcLatencyBucketsSeconds(), {"method"})) {}
-
-  void Record(const char* method, absl::Duration elapsed, absl::StatusCode code) {
-    latency_.With({method}).Observe(absl::ToDoubleSeconds(elapsed));
-    requests_.With({method, absl::StatusCodeToString(code)}).Increment();
-  }
-
-  void Sync(const PageStoreStats& s) {
-    pages_.Set(static_cast<double>(s.pages));
-    recent_copies_.Set(static_cast<double>(s.bf16_recent_copies));
-    used_bytes_.Set(static_cast<double>(s.bytes_used));
-    capacity_bytes_.Set(static_cast<double>(s.bytes_capacity));
-    pinned_pages_.Set(static_cast<double>(s.pinned_pages));
-    active_leases_.Set(static_cast<double>(s.active_leases));
-    tier_used_.With({"gpu"}).Set(static_cast<double>(s.fast_bytes_used));
-    tier_used_.With({"host"}).Set(static_cast<double>(s.host_bytes_used));
-    tier_capacity_.With({"gpu"}).Set(static_cast<double>(s.fast_bytes_capacity));
-    tier_capacity_.With({"host"}).Set(static_cast<double>(s.bytes_capacity - s.fast_bytes_capacity));
-    tier_forms_.With({"gpu"}).Set(static_cast<double>(s.fast_forms));
-    tier_forms_.With({"host"}).Set(static_cast<double>(s.host_forms));
-    std::lock_guard<std::mutex> lock(mu_);
-    auto advance = [](Counter& c, uint64_t now, uint64_t before) {
-      if (now > before) c.Increment(static_cast<double>(now - before));
-    };
-    advance(stored_, s.pages_stored_total, last_.pages_stored_total);
-    advance(duplicates_, s.put_duplicates_total, last_.put_duplicates_total);
-    advance(evictions_, s.evictions_total, last_.evictions_total);
-    advance(evicted_bytes_, s.evicted_bytes_total, last_.evicted_bytes_total);
-    advance(lookups_, s.lookups_total, last_.lookups_total);
-    advance(lookup_pages_, s.lookup_pages_total, last_.lookup_pages_total);
-    advance(lookup_hit_pages_, s.lookup_hit_pages_total, last_.lookup_hit_pages_total);
-    advance(fetched_pages_, s.fetched_pages_total, last_.fetched_pages_total);
-    advance(fetched_bytes_, s.fetched_bytes_total, last_.fetched_bytes_total);
-    advance(checksum_failures_, s.checksum_failures_total, last_.checksum_failures_total);
-    advance(leases_expired_, s.leases_expired_total, last_.leases_expired_total);
-    advance(tier_moves_.With({"down"}), s.demotions_total, last_.demotions_total);
-    advance(tier_moves_.With({"up"}), s.promotions_total, last_.promotions_total);
-    last_ = s;
-  }
-
-  void RecordTransfer(v1::Transport transport) {
-    transfers_.With({transport == v1::TRANSPORT_SAME_GPU_POOL ? "same_gpu_pool" : "grpc_stream"})
-        .Increment();
-  }
-
- private:
-  Gauge& pages_;
-  Gauge& recent_copies_;
-  Gauge& used_bytes_;
-  Gauge& capacity_bytes_;
-  Gauge& pinned_pages_;
-  Gauge& active_leases_;
-  Counter& stored_;
-  Counter& duplicates_;
-  Counter& evictions_;
-  Counter& evicted_bytes_;
-  Counter& lookups_;
-  Counter& lookup_pages_;
-  Counter& lookup_hit_pages_;
-  Counter& fetched_pages_;
-  Counter& fetched_bytes_;
-  Counter& checksum_failures_;
-  Counter& leases_expired_;
-  Family<Gauge>& tier_used_;
-  Family<Gauge>& tier_capacity_;
-  Family<Gauge>& tier_forms_;
-  Family<Counter>& tier_moves_;
-  Family<Counter>& transfers_;
-  Family<Counter>& requests_;
-  Family<Histogram>& latency_;
-  std::mutex mu_;
-  PageStoreStats last_;
-};
 
 v1::PageEncoding ToProto(PageForm form) {
   switch (form) {
@@ -290,6 +157,7 @@ grpc::Status KvStoreService::Finish(const char* method, absl::Time start,
                                     const absl::Status& status) {
   metrics_->Record(method, absl::Now() - start, status.code());
   metrics_->Sync(store_->Stats());
+  if (options_.nccl != nullptr) metrics_->SyncNccl(options_.nccl->Counts());
   return rpc::ToGrpcStatus(status);
 }
 
@@ -634,8 +502,9 @@ absl::StatusOr<std::vector<KvStoreService::FormRef>> KvStoreService::TransferRef
 }
 
 // The transport both ends share, in the client's order: the pool needs a GPU tier on the
-// client's own GPU of the same host.
-v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& request) const {
+// client's own GPU of the same host; NCCL a GPU tier on another GPU and a ready communicator.
+v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& request,
+                                              bool allow_nccl) const {
   std::vector<v1::Transport> asked;
   for (int t : request.transports()) asked.push_back(static_cast<v1::Transport>(t));
   if (asked.empty()) asked.push_back(v1::TRANSPORT_GRPC_STREAM);
@@ -644,8 +513,12 @@ v1::Transport KvStoreService::ChooseTransport(const v1::OpenTransferRequest& req
                              !pool.gpu_uuid.empty() &&
                              request.device().gpu_uuid() == pool.gpu_uuid &&
                              request.device().host_boot_id() == pool.host_boot_id;
+  std::string why_not_nccl;
+  const bool nccl_possible = allow_nccl && NcclPossible(request, &why_not_nccl) &&
+                             options_.nccl->Ready(request.nccl().communicator_id());
   for (v1::Transport t : asked) {
     if (t == v1::TRANSPORT_SAME_GPU_POOL && pool_possible) return t;
+    if (t == v1::TRANSPORT_NCCL && nccl_possible) return t;
     if (t == v1::TRANSPORT_GRPC_STREAM) return t;
   }
   return v1::TRANSPORT_UNSPECIFIED;
@@ -657,8 +530,9 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
   if (grpc::Status s = CheckRole(*context, "OpenTransfer"); !s.ok()) return s;
   const absl::Time start = absl::Now();
   absl::Status status = [&]() -> absl::Status {
+    if (request->nccl().setup()) return OpenNcclSetup(*request, response);
     KV_ASSIGN_OR_RETURN(std::vector<FormRef> refs, TransferRefs(*request));
-    v1::Transport transport = ChooseTransport(*request);
+    v1::Transport transport = ChooseTransport(*request, /*allow_nccl=*/true);
     if (transport == v1::TRANSPORT_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "transports: none of those listed is possible here (this store offers ",
@@ -714,6 +588,25 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
       } else {
         if (request->lease_id() == 0) store_->Release(pin.lease_id);
         return placed.status();
+      }
+    }
+    if (transport == v1::TRANSPORT_NCCL) {
+      absl::StatusOr<bool> queued = QueueNcclTransfer(*request, refs, pin.lease_id, response);
+      if (queued.ok() && !*queued) {
+        transport = ChooseTransport(*request, /*allow_nccl=*/false);
+        metrics_->RecordNcclFallback();
+      } else if (!queued.ok() && queued.status().code() == absl::StatusCode::kResourceExhausted) {
+        transport = ChooseTransport(*request, /*allow_nccl=*/false);  // the pool is full
+        metrics_->RecordNcclFallback();
+      } else if (!queued.ok()) {
+        if (request->lease_id() == 0) store_->Release(pin.lease_id);
+        return queued.status();
+      }
+      if (transport == v1::TRANSPORT_UNSPECIFIED) {
+        if (request->lease_id() == 0) store_->Release(pin.lease_id);
+        return absl::FailedPreconditionError(
+            "transports: the NCCL transfer does not fit device.free_memory_bytes or the pool, "
+            "and no other transport listed is possible");
       }
     }
     response->set_transport(transport);

@@ -15,6 +15,7 @@
 #include "core/metrics.h"
 #include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "rpc/peer_auth.h"
+#include "services/kvstore/nccl_sender.h"
 #include "services/kvstore/page_store.h"
 
 namespace kvstrata::kvstore {
@@ -36,6 +37,9 @@ struct KvStoreServiceOptions {
   uint32_t max_chunk_bytes = 1 << 20;
   // Set by a store with a GPU tier.
   SameGpuPoolOffer same_gpu_pool;
+  // TRANSPORT_NCCL to workers on other GPUs: set by a store with a GPU tier whose NCCL opened
+  // (borrowed; its pool is the fast tier's memory). Null: not offered.
+  NcclSender* nccl = nullptr;
   // Who may publish: Put, Pin, Release, OpenTransfer and a Lookup that asks for a lease need
   // the worker role (rpc/peer_auth.h).
   // Borrowed; null: every caller may (plaintext).
@@ -83,7 +87,20 @@ class KvStoreService final : public v1::KvStore::Service {
   // its list of refs. INVALID_ARGUMENT naming the field; NOT_FOUND for a chain the store's links
   // do not confirm.
   absl::StatusOr<std::vector<FormRef>> TransferRefs(const v1::OpenTransferRequest& request) const;
-  v1::Transport ChooseTransport(const v1::OpenTransferRequest& request) const;
+  // `allow_nccl` false: the choice after an NCCL transfer did not fit.
+  v1::Transport ChooseTransport(const v1::OpenTransferRequest& request, bool allow_nccl) const;
+  // TRANSPORT_NCCL (open_transfer_nccl.cc). Whether this store could send to the request's
+  // device at all (a GPU tier, NCCL, another GPU); `why` says why not.
+  bool NcclPossible(const v1::OpenTransferRequest& request, std::string* why) const;
+  // A setup (nccl.setup): validated, the communicator made, its fields answered.
+  absl::Status OpenNcclSetup(const v1::OpenTransferRequest& request,
+                             v1::OpenTransferResponse* response);
+  // The sends of pinned `refs` queued on the request's communicator and the answer filled;
+  // false (nothing queued) when the transfer does not fit the client's memory or the
+  // communicator went away meanwhile: the caller falls back.
+  absl::StatusOr<bool> QueueNcclTransfer(const v1::OpenTransferRequest& request,
+                                         const std::vector<FormRef>& refs, uint64_t lease_id,
+                                         v1::OpenTransferResponse* response);
 
   // Records latency and outcome of one call and refreshes the store gauges.
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);

@@ -47,6 +47,17 @@ ABSL_FLAG(std::string, pool_socket, "",
           "With --device: the Unix socket that hands the pool to workers on the same GPU "
           "(default: $TMPDIR/kvstrata-kvstore-<pid>.pool). Workers must be able to reach it: in "
           "Kubernetes a volume both containers mount.");
+ABSL_FLAG(bool, nccl, true,
+          "With --device: offer TRANSPORT_NCCL to workers on other GPUs (needs libnccl.so.2 on "
+          "the loader's path or $KVSTRATA_NCCL_LIBRARY; without it the store says so and goes on "
+          "without NCCL).");
+ABSL_FLAG(uint32_t, nccl_init_timeout_ms, 30000,
+          "How long a worker has to join a new NCCL communicator before it is aborted.");
+ABSL_FLAG(uint32_t, nccl_transfer_timeout_ms, 2000,
+          "Base deadline of an NCCL transfer (plus its bytes at 10 GB/s); past it the "
+          "communicator is aborted.");
+ABSL_FLAG(uint32_t, nccl_max_communicators, 64,
+          "Most NCCL communicators with workers at once (each costs ~50-100 MB of HBM).");
 ABSL_FLAG(uint32_t, max_lease_ttl_ms, 60000, "Longest lease a Lookup or Pin may ask for, in ms.");
 ABSL_FLAG(uint32_t, max_leases, 4096, "Most live leases.");
 ABSL_FLAG(uint32_t, max_keys_per_request, 4096, "Most page keys in one Lookup, Pin or Fetch.");
@@ -67,6 +78,8 @@ struct KvStoreConfig {
   int device = -1;  // cuda ordinal, -1: host memory only
   uint64_t gpu_capacity_bytes = 0;
   std::string pool_socket;
+  bool nccl = false;
+  NcclSenderOptions nccl_options;
   std::string metrics_listen;
   PageStoreOptions store;
   KvStoreServiceOptions service;
@@ -101,6 +114,19 @@ absl::StatusOr<KvStoreConfig> ConfigFromFlags() {
           absl::StrCat("--gpu_capacity_mb: must be in 1..", uint64_t{1} << 30, ", got ", gpu_mb));
     }
     config.gpu_capacity_bytes = gpu_mb << 20;
+    config.nccl = absl::GetFlag(FLAGS_nccl);
+    config.nccl_options.device = config.device;
+    const uint32_t init_ms = absl::GetFlag(FLAGS_nccl_init_timeout_ms);
+    const uint32_t transfer_ms = absl::GetFlag(FLAGS_nccl_transfer_timeout_ms);
+    const uint32_t max_comms = absl::GetFlag(FLAGS_nccl_max_communicators);
+    if (init_ms == 0) return absl::InvalidArgumentError("--nccl_init_timeout_ms: must be > 0");
+    if (transfer_ms == 0) {
+      return absl::InvalidArgumentError("--nccl_transfer_timeout_ms: must be > 0");
+    }
+    if (max_comms == 0) return absl::InvalidArgumentError("--nccl_max_communicators: must be > 0");
+    config.nccl_options.init_timeout = absl::Milliseconds(init_ms);
+    config.nccl_options.transfer_timeout = absl::Milliseconds(transfer_ms);
+    config.nccl_options.max_communicators = static_cast<int>(max_comms);
     config.pool_socket = absl::GetFlag(FLAGS_pool_socket);
     if (config.pool_socket.empty()) {
       const char* tmp = getenv("TMPDIR");
@@ -168,6 +194,20 @@ int Run(const KvStoreConfig& config) {
     tiers = absl::StrCat(gpu.memory->Describe(), " ", config.gpu_capacity_bytes >> 20,
                          " MiB (pool socket ", gpu.socket->path(), ", ", gpu.gpu_uuid, ") + ",
                          tiers);
+  }
+  std::unique_ptr<NcclSender> nccl;
+  if (config.device >= 0 && config.nccl) {
+    absl::StatusOr<transport::NcclRuntime*> runtime = transport::SystemNccl();
+    if (runtime.ok()) {
+      nccl = std::make_unique<NcclSender>(*runtime, gpu.memory->base(), gpu.memory->size(),
+                                          config.nccl_options);
+      service_options.nccl = nccl.get();
+      absl::StrAppend(&tiers, "; NCCL ", (*runtime)->version(), " to workers on other GPUs");
+    } else {
+      // A degraded start, not a failed one: workers on other GPUs use the gRPC stream.
+      fprintf(stderr, "kvstrata-kvstore: WARNING: --nccl: %s; TRANSPORT_NCCL is not offered\n",
+              std::string(runtime.status().message()).c_str());
+    }
   }
   PageStore store(store_options, &clock);
   MetricsRegistry registry;

@@ -77,6 +77,9 @@ class TierMemory {
   virtual absl::Status Read(uint64_t offset, void* dst, uint64_t n) const = 0;
   // For logs and Stats: "cuda:0 (NVIDIA H200) HBM".
   virtual std::string Describe() const = 0;
+  // The memory's first byte (a device address for HBM), for a transport that moves the bytes
+  // itself (NCCL sends from the pool); null where the memory offers no address.
+  virtual uint8_t* base() const { return nullptr; }
 };
 
 // Where a page form is, for a same-GPU transfer: its range in the fast tier's memory.

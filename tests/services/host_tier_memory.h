@@ -32,6 +32,7 @@ class HostTierMemory final : public TierMemory {
     return absl::OkStatus();
   }
   std::string Describe() const override { return "test tier"; }
+  uint8_t* base() const override { return const_cast<uint8_t*>(bytes_.data()); }
   const uint8_t* at(uint64_t offset) const { return bytes_.data() + offset; }
   bool fail_reads = false;
 

@@ -1,0 +1,256 @@
+// The decode worker's side of TRANSPORT_NCCL (services/decode/nccl_peers.h) against a kvstore in
+// process, both ends on one fake NCCL in host memory (tests/testing/fake_nccl.h): the setup in
+// the background when the worker first meets the store, transfers with their digests checked,
+// one transfer per store at a time, and failures as misses: a corrupt page, a transfer past its
+// deadline (aborted, then a new communicator), a store without NCCL, a join that fails.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/metrics.h"
+#include "rpc/server.h"
+#include "services/decode/nccl_peers.h"
+#include "services/decode/same_gpu_pools.h"
+#include "services/kvstore/client.h"
+#include "services/kvstore/kvstore_service.h"
+#include "services/kvstore/nccl_sender.h"
+#include "tests/services/host_tier_memory.h"
+#include "tests/services/test_pages.h"
+#include "tests/testing/fake_nccl.h"
+
+namespace kvstrata::decode {
+namespace {
+
+using ::kvstrata::kvstore::testing::MakeChain;
+using ::kvstrata::kvstore::testing::TestPage;
+
+constexpr char kStoreGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000001";
+constexpr char kWorkerGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000002";
+
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+class DecodeNcclTest : public ::testing::Test {
+ protected:
+  void Start(bool store_has_nccl = true, kvstore::NcclSenderOptions sender_options = {},
+             NcclPeersOptions peers_options = {}) {
+    kvstore::PageStoreOptions options;
+    options.capacity_bytes = 8 * 16448;
+    options.max_lease_ttl = absl::Seconds(30);
+    tier_ = std::make_shared<kvstore::testing::HostTierMemory>(4 * 16640);
+    options.fast_tier = tier_;
+    store_ = std::make_unique<kvstore::PageStore>(options, &clock_);
+    kvstore::KvStoreServiceOptions service_options{.store_id = "test-store"};
+    service_options.same_gpu_pool = {.socket_path = "/tmp/test-pool.sock",
+                                     .pool_id = 77,
+                                     .gpu_uuid = kStoreGpu,
+                                     .host_boot_id = "boot"};
+    if (store_has_nccl) {
+      sender_ = std::make_unique<kvstore::NcclSender>(&nccl_, tier_->base(), tier_->size(),
+                                                      sender_options);
+      service_options.nccl = sender_.get();
+    }
+    service_ = std::make_unique<kvstore::KvStoreService>(store_.get(), service_options, &registry_);
+    absl::StatusOr<std::unique_ptr<rpc::Server>> server =
+        rpc::Server::Start({.listen_address = "127.0.0.1:0", .services = {service_.get()}});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client_ = std::make_unique<kvstore::KvStoreClient>(server_->address());
+    chain_ = MakeChain({1, 2, 3});
+    for (const TestPage& page : chain_) ASSERT_TRUE(store_->Put(page.meta, page.bytes).ok());
+    for (const TestPage& page : chain_) keys_.push_back(page.meta.key);
+    peers_options.device = 0;
+    peers_options.gpu_uuid = kWorkerGpu;
+    peers_options.client_id = "worker-0";
+    if (peers_options.receive_bytes == uint64_t{1} << 30) peers_options.receive_bytes = 1 << 20;
+    peers_ = std::make_unique<NcclPeers>(&nccl_, peers_options);
+  }
+
+  void TearDown() override {
+    peers_.reset();
+    server_.reset();
+    sender_.reset();
+  }
+
+  std::shared_ptr<NcclPeers::Lane> ReadyLane() {
+    EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);  // the first meeting starts the setup
+    EXPECT_TRUE(Eventually([&] { return peers_->Ready(client_->address()); }));
+    return peers_->Acquire(client_.get());
+  }
+
+  // OpenTransfer for the chain as the worker sends it (the pool offered first, then NCCL).
+  absl::StatusOr<v1::OpenTransferResponse> Open(const NcclPeers::Lane& lane) {
+    absl::StatusOr<kvstore::LookupReply> lookup = client_->Lookup(keys_, /*lease_ttl_ms=*/10000);
+    if (!lookup.ok()) return lookup.status();
+    v1::OpenTransferRequest request;
+    request.set_client_id("worker-0");
+    request.set_compact(true);
+    request.set_lease_id(lookup->lease_id);
+    request.add_transports(v1::TRANSPORT_SAME_GPU_POOL);
+    request.add_transports(v1::TRANSPORT_GRPC_STREAM);
+    peers_->Offer(lane, &request);
+    EXPECT_EQ(request.transports(1), v1::TRANSPORT_NCCL);
+    bool every_key = false;
+    return OpenTransferOfChain(*client_, request, keys_, chain_[0].meta.parent_key, &every_key);
+  }
+
+  SystemClock clock_;
+  MetricsRegistry registry_;
+  ::kvstrata::testing::FakeNccl nccl_;
+  std::shared_ptr<kvstore::testing::HostTierMemory> tier_;
+  std::unique_ptr<kvstore::PageStore> store_;
+  std::unique_ptr<kvstore::NcclSender> sender_;
+  std::unique_ptr<kvstore::KvStoreService> service_;
+  std::unique_ptr<rpc::Server> server_;
+  std::unique_ptr<kvstore::KvStoreClient> client_;
+  std::unique_ptr<NcclPeers> peers_;
+  std::vector<TestPage> chain_;
+  std::vector<PageKey> keys_;
+};
+
+TEST_F(DecodeNcclTest, AFetchIsOneTransferOfTheWholePrefixIntoTheWorkersMemory) {
+  Start();
+  for (int round = 0; round < 2; ++round) {
+    std::shared_ptr<NcclPeers::Lane> lane =
+        round == 0 ? ReadyLane() : peers_->Acquire(client_.get());
+    ASSERT_NE(lane, nullptr);
+    // While a request holds the lane, another gets none (and counts it).
+    EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
+    absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+    absl::StatusOr<std::vector<engine::DevicePage>> pages =
+        peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, /*first_index=*/0);
+    ASSERT_TRUE(pages.ok()) << pages.status();
+    ASSERT_EQ(pages->size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const engine::DevicePage& p = (*pages)[i];
+      EXPECT_EQ(p.key, keys_[i]);
+      EXPECT_EQ(p.page_index, static_cast<int64_t>(i));
+      EXPECT_EQ(p.parent_key, i == 0 ? chain_[0].meta.parent_key : keys_[i - 1]);
+      ASSERT_EQ(p.byte_length, static_cast<int64_t>(chain_[i].bytes.size()));
+      EXPECT_EQ(0, std::memcmp(p.bytes, chain_[i].bytes.data(), chain_[i].bytes.size()));
+    }
+  }
+  const NcclPeersCounts c = peers_->Counts();
+  EXPECT_EQ(c.communicators_made, 1u);
+  EXPECT_EQ(c.transfers, 2u);
+  EXPECT_EQ(c.busy, 2u);
+  EXPECT_EQ(c.transfer_bytes, 2 * (chain_[0].bytes.size() * 3));
+}
+
+TEST_F(DecodeNcclTest, APageCorruptedInFlightIsAMissAndTheCommunicatorStays) {
+  Start();
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().corrupt_next_send = true;  // before the store posts its sends
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok());
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0);
+  EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
+  EXPECT_EQ(peers_->Counts().digest_failures, 1u);
+  EXPECT_TRUE(peers_->Ready(client_->address()));
+}
+
+TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade) {
+  kvstore::NcclSenderOptions sender;
+  sender.transfer_timeout = absl::Milliseconds(100);
+  Start(/*store_has_nccl=*/true, sender);
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok());
+  // The worker is late: the store's send misses its deadline and aborts the communicator.
+  ASSERT_TRUE(Eventually([&] { return sender_->Counts().transfer_failures == 1; }));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0);
+  EXPECT_FALSE(pages.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // nothing hangs
+  EXPECT_EQ(peers_->Counts().transfer_failures, 1u);
+  EXPECT_EQ(peers_->Counts().aborts, 1u);
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+  lane.reset();
+  // The next fetch starts a new setup in the background, and it comes up.
+  EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
+  ASSERT_TRUE(Eventually([&] { return peers_->Ready(client_->address()); }));
+  EXPECT_EQ(peers_->Counts().communicators_made, 2u);
+  std::shared_ptr<NcclPeers::Lane> again = peers_->Acquire(client_.get());
+  ASSERT_NE(again, nullptr);
+  absl::StatusOr<v1::OpenTransferResponse> next = Open(*again);
+  ASSERT_TRUE(next.ok());
+  ASSERT_EQ(next->transport(), v1::TRANSPORT_NCCL);
+  EXPECT_EQ(next->transfer_id(), 1u);  // a new communicator's order starts again
+  EXPECT_TRUE(peers_->Receive(*again, *next, keys_, chain_[0].meta.parent_key, 0).ok());
+}
+
+TEST_F(DecodeNcclTest, AStoreThatGoesAwayMidTransferIsAMissWithinTheDeadline) {
+  Start();
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().hold_sends = true;  // the store's sends never leave: it dies first
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok());
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  server_.reset();  // the kvstore process goes away with its communicator
+  service_.reset();
+  sender_.reset();
+  v1::OpenTransferResponse shortened = *answer;
+  shortened.set_transfer_timeout_ms(300);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, shortened, keys_, chain_[0].meta.parent_key, 0);
+  EXPECT_FALSE(pages.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(peers_->Counts().transfer_failures, 1u);
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+}
+
+TEST_F(DecodeNcclTest, AStoreWithoutNcclIsAFailedSetupRetriedOnlyAfterAPause) {
+  NcclPeersOptions peers;
+  peers.setup_retry = absl::ZeroDuration();  // a failure would be retried at once...
+  peers.unsupported_retry = absl::Hours(1);  // ...but "not possible here" waits
+  Start(/*store_has_nccl=*/false, {}, peers);
+  EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
+  ASSERT_TRUE(Eventually([&] { return peers_->Counts().setup_failures == 1; }));
+  EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(peers_->Counts().setup_failures, 1u);  // no second setup within the pause
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+}
+
+TEST_F(DecodeNcclTest, AJoinThatFailsIsCountedAndTheStoreAbortsItsSideAtItsDeadline) {
+  kvstore::NcclSenderOptions sender;
+  sender.init_timeout = absl::Milliseconds(150);
+  Start(/*store_has_nccl=*/true, sender);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().fail_joins = true;
+  }
+  EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
+  ASSERT_TRUE(Eventually([&] { return peers_->Counts().setup_failures == 1; }));
+  EXPECT_EQ(peers_->Counts().aborts, 1u);
+  // The store's rank 0 also failed (its join was refused the same way) and counted it.
+  ASSERT_TRUE(Eventually([&] { return sender_->Counts().init_failures == 1; }));
+}
+
+}  // namespace
+}  // namespace kvstrata::decode
