@@ -9,7 +9,9 @@
 #   there:  bench/gpu_session.sh engine    (carry .devpack/model.N .devpack/model.sha256, N last)
 #
 # pack prints the calls it needs. kernels: unpacks the binaries, keeps the first part of the
-# model, runs the kernel GPU tests. stage: keeps one more part.
+# model, runs the kernel GPU tests and the NCCL transport's one-GPU tests. stage: keeps one
+# more part.
+# gemv:    after kernels: kvstrata_bench_gemv, the decode GEMV's launch variants side by side.
 # attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
 #          BF16, every step of the kernel round side by side) and bench/torch_sdpa_bench.py
 #          (cuDNN and flash on the same shapes), in one call; bench/report.py makes the tables.
@@ -43,8 +45,10 @@ case $step in
     model=${KVSTRATA_MODEL:-${KVSTRATA_CACHE:-$HOME/.cache/kvstrata}/models/SmolLM2-135M-Instruct.Q4_1.gguf}
     ../shared/tools/device-pack build/bin/kvstrata build/bin/kvstrata-decode \
       build/bin/kvstrata-router build/bin/kvstrata-kvstore build/bin/kvstrata_bench_transport \
-      build/bin/kvstrata_bench_attention \
-      build/tests/kernels/*_gpu_test build/tests/engine/engine_cuda_gpu_test >/dev/null
+      build/bin/kvstrata_bench_attention build/bin/kvstrata_bench_gemv \
+      build/tests/kernels/*_gpu_test build/tests/engine/engine_cuda_gpu_test \
+      build/tests/transport/transport_nccl_gpu_test build/tests/services/kvstore_nccl_gpu_test \
+      >/dev/null
     strip -s .device/bin/* 2>/dev/null
     mkdir -p .devpack
     grep -qxF "/.devpack/" .git/info/exclude || echo "/.devpack/" >>.git/info/exclude
@@ -75,7 +79,20 @@ case $step in
         grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|append head_dim|split decode:" || true
       [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
+    # NCCL from Python's nvidia-nccl-cu13 wheel there (the transport opens it at run time).
+    nccl=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' \
+      2>/dev/null || true)
+    for t in transport_nccl_gpu_test kvstore_nccl_gpu_test; do
+      echo "== $t"
+      LD_LIBRARY_PATH="${nccl:+$nccl:}$LD_LIBRARY_PATH" NCCL_DEBUG=WARN "$work/device/bin/$t" 2>&1 |
+        tee -a "$out/kernel_tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|^\[  FAILED" || true
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    done
     exit $status
+    ;;
+  gemv)
+    source "$work/device/env.sh"
+    kvstrata_bench_gemv "${@:2}" | tee "$out/gemv.jsonl"
     ;;
   attention)
     source "$work/device/env.sh"

@@ -423,7 +423,7 @@ absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, i
   // A decode step of a few sequences reads each weight once: a GEMV streams it faster.
   if (options_.small_batch_gemv && kernels::GemvSupports(rows, in, type_, x, w)) {
     kernels::GemvVariant variant;
-    variant.overlap_previous = options_.gemv_overlap;
+    variant.one_wave = variant.overlap_previous = options_.gemv_overlap;
     KV_CUDA_RETURN_IF_ERROR(
         kernels::Gemv(x, rows, in, w, out, y, accumulate, type_, stream_, variant), "Gemv");
     return absl::OkStatus();

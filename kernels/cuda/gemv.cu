@@ -43,7 +43,8 @@ __device__ __forceinline__ void ToFloat8<__half>(const uint4& v, float (&f)[8]) 
   }
 }
 
-template <typename T, int R>
+// kOverlap: launched as a programmatic dependent of the kernel before it (GemvVariant).
+template <typename T, int R, bool kOverlap>
 __global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, int in,
                                                        const T* __restrict__ w, int out,
                                                        float* __restrict__ y, bool accumulate) {
@@ -54,13 +55,13 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, 
   // The first weights do not depend on the kernel before (only x and y do): ask for them, then
   // wait for that kernel (a no-op unless launched as its programmatic dependent).
   uint4 wv[kUnroll];
-  const bool prefetched = first < out && lane + 32 * (kUnroll - 1) < chunks;
+  const bool prefetched = kOverlap && first < out && lane + 32 * (kUnroll - 1) < chunks;
   if (prefetched) {
     const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t{first} * chunks;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + lane + 32 * u);
   }
-  ptx::GridDependencyWait();
+  if constexpr (kOverlap) ptx::GridDependencyWait();
   for (int n = first; n < out; n += gridDim.x * kWarps) {
     const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t{n} * chunks;
     float acc[R];
@@ -127,11 +128,11 @@ int OneWave(Kernel k) {
   return ctas;
 }
 
-template <typename T, int R>
-cudaError_t LaunchRows(const T* x, int in, const T* w, int out, float* y, bool accumulate,
+template <typename T, int R, bool kOverlap>
+cudaError_t LaunchRowsAs(const T* x, int in, const T* w, int out, float* y, bool accumulate,
                        cudaStream_t stream, const GemvVariant& v) {
   // One warp per row of W; past the cap the grid-stride loop covers the rest.
-  const int cap = v.one_wave ? OneWave(GemvKernel<T, R>) : 8192;
+  const int cap = v.one_wave ? OneWave(GemvKernel<T, R, kOverlap>) : 8192;
   const int blocks = std::max(1, std::min((out + kWarps - 1) / kWarps, cap));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -140,11 +141,19 @@ cudaError_t LaunchRows(const T* x, int in, const T* w, int out, float* y, bool a
   cudaLaunchAttribute overlap[1];
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
-  if (v.overlap_previous) {
+  if (kOverlap) {
     config.attrs = overlap;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, GemvKernel<T, R>, x, in, w, out, y, accumulate);
+  return cudaLaunchKernelEx(&config, GemvKernel<T, R, kOverlap>, x, in, w, out, y, accumulate);
+}
+
+template <typename T, int R>
+cudaError_t LaunchRows(const T* x, int in, const T* w, int out, float* y, bool accumulate,
+                       cudaStream_t stream, const GemvVariant& v) {
+  return v.overlap_previous
+             ? LaunchRowsAs<T, R, true>(x, in, w, out, y, accumulate, stream, v)
+             : LaunchRowsAs<T, R, false>(x, in, w, out, y, accumulate, stream, v);
 }
 
 template <typename T>

@@ -20,14 +20,16 @@ inline constexpr int kGemvMaxRows = 4;
 // fp16 type, x and w 16-byte aligned.
 bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w);
 
-// How the kernel is launched; the defaults are the measured best (docs/benchmarks.md).
+// How the kernel is launched. The defaults are the form measured end to end on the H200
+// (docs/benchmarks.md); the other two are written and CPU-compiled but not yet run on a GPU
+// (kvstrata_bench_gemv and the GPU test measure and check them side by side).
 struct GemvVariant {
   // At most one wave of CTAs, each warp taking rows n, n + warps of the grid, ...; false: one
   // warp per row, as many CTAs as that takes (the tail wave runs part-empty).
-  bool one_wave = true;
+  bool one_wave = false;
   // Launched as a programmatic dependent of the kernel before it: the CTAs start streaming
   // their first weights while that kernel finishes, and read x once it has.
-  bool overlap_previous = true;
+  bool overlap_previous = false;
 };
 
 // cudaErrorInvalidValue where GemvSupports is false.
