@@ -72,7 +72,9 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
       metrics.kvstore_fetch_seconds.Get().Observe(absl::ToDoubleSeconds(absl::Now() - start));
     }
   } timer{*metrics_, start};
-  absl::StatusOr<kvstore::LookupReply> lookup = client->Lookup(keys, kLookupLeaseMs);
+  // Only the count and the lease: the keys are ours, and the transfer answers the rest.
+  absl::StatusOr<kvstore::LookupReply> lookup =
+      client->Lookup(keys, kLookupLeaseMs, /*page_infos=*/false);
   ReportStoreResult(client->address(), lookup.status());
   if (!lookup.ok()) {
     metrics_->kvstore_errors.With({"lookup"}).Increment();

@@ -68,17 +68,20 @@ KvStoreClient::KvStoreClient(std::string address, const KvStoreClientOptions& op
 KvStoreClient::~KvStoreClient() = default;
 
 absl::StatusOr<LookupReply> KvStoreClient::Lookup(std::span<const PageKey> keys,
-                                                  uint32_t lease_ttl_ms) {
+                                                  uint32_t lease_ttl_ms, bool page_infos) {
   v1::LookupRequest request;
   for (const PageKey& key : keys) request.add_page_keys(key.ToBytes());
   request.set_lease_ttl_ms(lease_ttl_ms);
+  request.set_matched_count_only(!page_infos);
   v1::LookupResponse response;
   grpc::ClientContext context;
   SetDeadline(context, options_.lookup_deadline);
   const grpc::Status status = stub_->Lookup(&context, request, &response);
   if (!status.ok()) return FromGrpc(status, address_, "Lookup");
+  // A store that predates matched_count_only answers the page infos anyway.
+  const uint32_t infos = static_cast<uint32_t>(response.pages_size());
   if (response.matched_pages() > keys.size() ||
-      static_cast<uint32_t>(response.pages_size()) != response.matched_pages()) {
+      (infos != response.matched_pages() && (page_infos || infos != 0))) {
     return absl::DataLossError(
         absl::StrCat("kvstore ", address_, " Lookup: matched_pages ", response.matched_pages(),
                      " with ", response.pages_size(), " page infos for ", keys.size(), " keys"));
@@ -86,7 +89,7 @@ absl::StatusOr<LookupReply> KvStoreClient::Lookup(std::span<const PageKey> keys,
   LookupReply result;
   result.matched_pages = response.matched_pages();
   result.lease_id = response.lease_id();
-  result.pages.assign(response.pages().begin(), response.pages().end());
+  if (page_infos) result.pages.assign(response.pages().begin(), response.pages().end());
   return result;
 }
 

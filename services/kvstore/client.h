@@ -65,7 +65,7 @@ struct PutSummary {
 
 struct LookupReply {
   uint32_t matched_pages = 0;       // leading keys present
-  std::vector<v1::PageInfo> pages;  // [matched_pages]
+  std::vector<v1::PageInfo> pages;  // [matched_pages], or empty when not asked for
   uint64_t lease_id = 0;            // when a lease was asked for and pages matched
 };
 
@@ -90,8 +90,10 @@ class KvStoreClient {
   const std::string& address() const { return address_; }
 
   // The longest stored prefix of `keys` (page 0 first). Read-only, safe to retry.
-  // lease_ttl_ms > 0 pins the hits (LookupReply::lease_id).
-  absl::StatusOr<LookupReply> Lookup(std::span<const PageKey> keys, uint32_t lease_ttl_ms = 0);
+  // lease_ttl_ms > 0 pins the hits (LookupReply::lease_id). page_infos = false asks only for
+  // the count and the lease (LookupRequest::matched_count_only; `pages` then stays empty).
+  absl::StatusOr<LookupReply> Lookup(std::span<const PageKey> keys, uint32_t lease_ttl_ms = 0,
+                                     bool page_infos = true);
   // Publishes pages in one stream, each with its XXH3-64 checksum. Idempotent; retrying the
   // whole call is safe. Errors name the store and, from the store, the failing key.
   absl::StatusOr<PutSummary> Put(std::span<const PutPage> pages);

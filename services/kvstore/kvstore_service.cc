@@ -182,6 +182,7 @@ grpc::Status KvStoreService::Lookup(grpc::ServerContext* context,
     response->set_matched_pages(static_cast<uint32_t>(result.pages.size()));
     response->set_page_size_tokens(store_->page_size_tokens());
     response->set_lease_id(result.lease_id);
+    if (request->matched_count_only()) return absl::OkStatus();
     for (const PageInfo& info : result.pages) {
       v1::PageInfo* out = response->add_pages();
       out->set_key(info.key.ToBytes());

@@ -153,7 +153,16 @@ TEST_F(KvStoreClientTest, EnginePagesRoundTripThroughTheStoreIntoAFreshSequence)
   absl::StatusOr<LookupReply> lookup = client.Lookup(keys, /*lease_ttl_ms=*/5000);
   ASSERT_TRUE(lookup.ok()) << lookup.status();
   EXPECT_EQ(lookup->matched_pages, 8u);
+  EXPECT_EQ(lookup->pages.size(), 8u);
   EXPECT_NE(lookup->lease_id, 0u);
+  // What a worker asks: the same count and a lease, no page infos.
+  absl::StatusOr<LookupReply> counted =
+      client.Lookup(keys, /*lease_ttl_ms=*/5000, /*page_infos=*/false);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_EQ(counted->matched_pages, 8u);
+  EXPECT_TRUE(counted->pages.empty());
+  EXPECT_NE(counted->lease_id, 0u);
+  ASSERT_TRUE(client.Release(counted->lease_id).ok());
 
   std::vector<std::pair<PageKey, v1::PageEncoding>> refs;
   for (uint32_t i = 0; i < lookup->matched_pages; ++i) {

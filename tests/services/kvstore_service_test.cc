@@ -131,6 +131,17 @@ TEST_F(KvStoreServiceTest, PutLookupFetchRoundTrip) {
   EXPECT_EQ(found.page_size_tokens(), 64u);
   EXPECT_NE(found.lease_id(), 0u);
 
+  // The count and a lease without the page infos, when asked so.
+  lookup.set_matched_count_only(true);
+  v1::LookupResponse counted;
+  grpc::ClientContext count_context;
+  SetDeadline(count_context);
+  ASSERT_TRUE(stub_->Lookup(&count_context, lookup, &counted).ok());
+  EXPECT_EQ(counted.matched_pages(), 3u);
+  EXPECT_EQ(counted.pages_size(), 0);
+  EXPECT_NE(counted.lease_id(), 0u);
+  EXPECT_NE(counted.lease_id(), found.lease_id());
+
   std::vector<std::string> pages;
   ASSERT_TRUE(Fetch({Key(1), Key(2), Key(3)}, found.lease_id(), &pages).ok());
   ASSERT_EQ(pages.size(), 3u);
