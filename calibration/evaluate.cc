@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "calibration/fidelity_engine.h"
+#include "calibration/layer_ranking.h"
 #include "core/status_macros.h"
 #include "kernels/numeric.h"
 #include "kernels/rotation.h"
@@ -487,13 +488,13 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
         ref_seconds += Since(t0);
         ref_lp.resize(n);
         ref_argmax.resize(n);
-        for (int r = 0; r < n; ++r) {
+        for (int r = 0; r < n && !options.attention_only; ++r) {
           LogSoftmax(ref_logits.data() + static_cast<int64_t>(r) * vocab, vocab, &ref_lp[r],
                      &ref_argmax[r]);
         }
         // The formats, on `threads` workers (each engine is driven by one thread at a time).
         std::vector<absl::Status> status(formats.size());
-        ParallelFor(formats.size(), threads, [&](size_t fi) {
+        ParallelFor(options.attention_only ? 0 : formats.size(), threads, [&](size_t fi) {
           const EvalFormat& f = formats[fi];
           Accumulator& a = acc[fi];
           std::vector<float> logits;
@@ -600,6 +601,9 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
         r.score_kl += r.layer_score_kl.back() / c.num_layers;
         r.output_rel_error += r.layer_output_rel_error.back() / c.num_layers;
       }
+      if (options.attention_only) {
+        KV_ASSIGN_OR_RETURN(r.ranked_layers, RankLayers(r.layer_score_kl));
+      }
       r.seconds = a.seconds;
       report.results.push_back(std::move(r));
     }
@@ -622,7 +626,8 @@ std::string EvalReportJson(const EvalReport& report) {
                   {"chunk", report.options.chunk},
                   {"attention_samples", report.options.attention_samples},
                   {"group_size", report.options.group_size},
-                  {"threads", report.options.threads}};
+                  {"threads", report.options.threads},
+                  {"attention_only", report.options.attention_only}};
   nlohmann::json ref = nlohmann::json::object();
   for (const auto& [ctx, s] : report.reference_seconds) ref[std::to_string(ctx)] = s;
   j["reference_seconds"] = ref;
@@ -653,6 +658,7 @@ std::string EvalReportJson(const EvalReport& report) {
                        {"layer_attention_score_kl", r.layer_score_kl},
                        {"layer_attention_output_rel_error", r.layer_output_rel_error},
                        {"seconds", r.seconds}});
+    if (!r.ranked_layers.empty()) results.back()["ranked_layers"] = r.ranked_layers;
   }
   j["results"] = results;
   return j.dump(1);

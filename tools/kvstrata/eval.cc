@@ -3,6 +3,15 @@
 //
 //   scripts/fetch-text.sh
 //   kvstrata eval --rotations rotations/SmolLM2-135M-Instruct.safetensors --json out.json
+//
+// --layer-sensitivity: per-layer attention errors only, on the CALIBRATION text (the text the
+// rotations are fitted on, never the evaluation set), each format's layers ranked by them, and
+// with --rank-tiers a codec spec whose most sensitive layers get more bits (docs/fidelity.md,
+// "Round 2"):
+//   kvstrata eval --layer-sensitivity --rotations R
+//     --formats "P2-K=codec:4x16+3x16+2x32:eig:s8:pr|bf16@R" --contexts 2048 --windows 8
+//     --tier-base "4x16+3x16+2x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr"
+//     --rank-tiers "8=4x32+3x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr" --spec-out p2c.codec
 
 #include <unistd.h>
 
@@ -13,9 +22,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "calibration/evaluate.h"
+#include "calibration/layer_ranking.h"
 #include "calibration/text_corpus.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/kvstrata/commands.h"
@@ -44,6 +55,17 @@ ABSL_FLAG(std::string, proxy_rotations, "",
 ABSL_FLAG(std::string, lloyd_max_rotations, "",
           "rotation file with clips searched for Lloyd-Max levels (calibrate --lloyd-max), for "
           "oscar-lm");
+ABSL_FLAG(bool, layer_sensitivity, false,
+          "measure only the per-layer attention errors (no next-token KL), on the calibration "
+          "text unless --text-dir says otherwise, and rank each format's layers by them");
+ABSL_FLAG(std::string, tier_base, "",
+          "--layer-sensitivity with --rank-tiers: the codec spec (K_RECIPE|V_RECIPE) every "
+          "layer gets unless a tier says otherwise");
+ABSL_FLAG(std::string, rank_tiers, "",
+          "--layer-sensitivity: N=RECIPE(;N=RECIPE)*, consecutive stretches of the ranking from "
+          "the most sensitive layer down (RECIPE K|V, or base), in the ranking of the first "
+          "--formats entry at the first --contexts entry; prints the codec spec");
+ABSL_FLAG(std::string, spec_out, "", "--rank-tiers: also write the codec spec to this file");
 // --json (write the results as JSON to this file) is defined by bench_engine.cc: absl flags are
 // global to the binary.
 ABSL_DECLARE_FLAG(std::string, json);
@@ -95,6 +117,22 @@ int RunEval() {
     return Fail(absl::InvalidArgumentError("--attention-samples must be >= 0"));
   }
 
+  options.attention_only = absl::GetFlag(FLAGS_layer_sensitivity);
+  std::vector<calibration::RankTier> tiers;
+  if (!absl::GetFlag(FLAGS_rank_tiers).empty()) {
+    if (!options.attention_only) {
+      return Fail(absl::InvalidArgumentError("--rank-tiers needs --layer-sensitivity"));
+    }
+    if (absl::GetFlag(FLAGS_tier_base).empty()) {
+      return Fail(absl::InvalidArgumentError("--rank-tiers needs --tier-base"));
+    }
+    absl::StatusOr<std::vector<calibration::RankTier>> t =
+        calibration::ParseRankTiers(absl::GetFlag(FLAGS_rank_tiers));
+    if (!t.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--rank-tiers: ", t.status().message())));
+    tiers = std::move(*t);
+  }
+
   calibration::EvalRotationFiles files;
   files.per_head = absl::GetFlag(FLAGS_rotations);
   files.shared = absl::GetFlag(FLAGS_shared_rotations);
@@ -138,7 +176,8 @@ int RunEval() {
 
   absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create((*model)->tokenizer);
   if (!tok.ok()) return Fail(tok.status());
-  const std::string text_dir = TextDirFromFlag("evaluation");
+  const std::string text_dir =
+      TextDirFromFlag(options.attention_only ? "calibration" : "evaluation");
   absl::StatusOr<std::vector<calibration::TextDocument>> docs =
       calibration::LoadTextDocuments(text_dir, *tok);
   if (!docs.ok()) return Fail(docs.status());
@@ -148,7 +187,33 @@ int RunEval() {
       *model, *docs, formats, options,
       [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) return Fail(report.status());
-  std::fputs(calibration::EvalReportTable(*report).c_str(), stdout);
+  if (options.attention_only) {
+    for (const calibration::EvalResult& r : report->results) {
+      std::printf("%s, context %d, %d windows: layers by attention-score KL, largest first\n",
+                  r.format.c_str(), r.context, r.windows);
+      for (int l : r.ranked_layers) {
+        std::printf("  layer %2d  score KL %.4e  output error %.4f\n", l, r.layer_score_kl[l],
+                    r.layer_output_rel_error[l]);
+      }
+    }
+    if (!tiers.empty()) {
+      absl::StatusOr<std::string> spec =
+          calibration::TieredCodecSpec(absl::GetFlag(FLAGS_tier_base), tiers,
+                                       report->results[0].ranked_layers, (*model)->config.head_dim);
+      if (!spec.ok()) return Fail(spec.status());
+      std::printf("codec: %s\n", spec->c_str());
+      if (const std::string path = absl::GetFlag(FLAGS_spec_out); !path.empty()) {
+        std::ofstream out(path, std::ios::trunc);
+        out << *spec << "\n";
+        out.close();
+        if (!out)
+          return Fail(absl::UnavailableError(absl::StrCat("--spec-out ", path, ": cannot write")));
+        std::printf("wrote %s\n", path.c_str());
+      }
+    }
+  } else {
+    std::fputs(calibration::EvalReportTable(*report).c_str(), stdout);
+  }
   std::printf("reference (BF16 cache) seconds per context:");
   for (const auto& [ctx, s] : report->reference_seconds) std::printf(" %d: %.1f", ctx, s);
   std::printf("; total %.0f s\n", report->seconds);
