@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "calibration/fidelity_engine.h"
-#include "calibration/layer_ranking.h"
 #include "core/status_macros.h"
 #include "kernels/numeric.h"
 #include "kernels/rotation.h"
@@ -601,9 +600,6 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
         r.score_kl += r.layer_score_kl.back() / c.num_layers;
         r.output_rel_error += r.layer_output_rel_error.back() / c.num_layers;
       }
-      if (options.attention_only) {
-        KV_ASSIGN_OR_RETURN(r.ranked_layers, RankLayers(r.layer_score_kl));
-      }
       r.seconds = a.seconds;
       report.results.push_back(std::move(r));
     }
@@ -658,7 +654,6 @@ std::string EvalReportJson(const EvalReport& report) {
                        {"layer_attention_score_kl", r.layer_score_kl},
                        {"layer_attention_output_rel_error", r.layer_output_rel_error},
                        {"seconds", r.seconds}});
-    if (!r.ranked_layers.empty()) results.back()["ranked_layers"] = r.ranked_layers;
   }
   j["results"] = results;
   return j.dump(1);

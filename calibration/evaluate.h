@@ -83,8 +83,7 @@ struct EvalOptions {
   int group_size = 0;              // INT2/INT4/KIVI channels per scale; 0 = head_dim
   int threads = 2;                 // formats run concurrently, each with single-threaded BLAS
   // Per-layer attention metrics only (the layer-sensitivity measurement): the formats' own
-  // forward passes are skipped, so next-token KL, perplexity and top-1 are not measured (0),
-  // and every result carries its layers ranked by attention-score KL (RankLayers).
+  // forward passes are skipped, so next-token KL, perplexity and top-1 are not measured (0).
   bool attention_only = false;
 };
 
@@ -105,7 +104,6 @@ struct EvalResult {
   std::vector<double> window_kl, window_top1;  // per window: mean KL, top-1 (for bootstraps)
   std::vector<double> layer_score_kl;  // [layers]
   std::vector<double> layer_output_rel_error;  // [layers]
-  std::vector<int> ranked_layers;  // attention_only: by layer_score_kl, largest first
   double score_kl = 0, output_rel_error = 0;   // means over layers
   double seconds = 0;                          // forward passes of this format
 };

@@ -58,6 +58,10 @@ ABSL_FLAG(std::string, lloyd_max_rotations, "",
 ABSL_FLAG(bool, layer_sensitivity, false,
           "measure only the per-layer attention errors (no next-token KL), on the calibration "
           "text unless --text-dir says otherwise, and rank each format's layers by them");
+ABSL_FLAG(std::string, rank_by, "score-kl",
+          "--layer-sensitivity: the per-layer error that ranks the layers: score-kl (KL of the "
+          "attention-score distribution) or output-error (relative error of the attention "
+          "output)");
 ABSL_FLAG(std::string, tier_base, "",
           "--layer-sensitivity with --rank-tiers: the codec spec (K_RECIPE|V_RECIPE) every "
           "layer gets unless a tier says otherwise");
@@ -118,6 +122,11 @@ int RunEval() {
   }
 
   options.attention_only = absl::GetFlag(FLAGS_layer_sensitivity);
+  const std::string rank_by = absl::GetFlag(FLAGS_rank_by);
+  if (rank_by != "score-kl" && rank_by != "output-error") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--rank-by=", rank_by, ": expected score-kl or output-error")));
+  }
   std::vector<calibration::RankTier> tiers;
   if (!absl::GetFlag(FLAGS_rank_tiers).empty()) {
     if (!options.attention_only) {
@@ -188,26 +197,31 @@ int RunEval() {
       [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) return Fail(report.status());
   if (options.attention_only) {
+    std::vector<int> first_ranking;
     for (const calibration::EvalResult& r : report->results) {
-      std::printf("%s, context %d, %d windows: layers by attention-score KL, largest first\n",
-                  r.format.c_str(), r.context, r.windows);
-      for (int l : r.ranked_layers) {
+      absl::StatusOr<std::vector<int>> ranked = calibration::RankLayers(
+          rank_by == "score-kl" ? r.layer_score_kl : r.layer_output_rel_error);
+      if (!ranked.ok()) return Fail(ranked.status());
+      if (first_ranking.empty()) first_ranking = *ranked;
+      std::printf("%s, context %d, %d windows: layers by %s, largest first\n", r.format.c_str(),
+                  r.context, r.windows, rank_by.c_str());
+      for (int l : *ranked) {
         std::printf("  layer %2d  score KL %.4e  output error %.4f\n", l, r.layer_score_kl[l],
                     r.layer_output_rel_error[l]);
       }
     }
     if (!tiers.empty()) {
-      absl::StatusOr<std::string> spec =
-          calibration::TieredCodecSpec(absl::GetFlag(FLAGS_tier_base), tiers,
-                                       report->results[0].ranked_layers, (*model)->config.head_dim);
+      absl::StatusOr<std::string> spec = calibration::TieredCodecSpec(
+          absl::GetFlag(FLAGS_tier_base), tiers, first_ranking, (*model)->config.head_dim);
       if (!spec.ok()) return Fail(spec.status());
       std::printf("codec: %s\n", spec->c_str());
       if (const std::string path = absl::GetFlag(FLAGS_spec_out); !path.empty()) {
         std::ofstream out(path, std::ios::trunc);
         out << *spec << "\n";
         out.close();
-        if (!out)
+        if (!out) {
           return Fail(absl::UnavailableError(absl::StrCat("--spec-out ", path, ": cannot write")));
+        }
         std::printf("wrote %s\n", path.c_str());
       }
     }
