@@ -61,7 +61,9 @@ ABSL_FLAG(bool, layer_sensitivity, false,
 ABSL_FLAG(std::string, rank_by, "score-kl",
           "--layer-sensitivity: the per-layer error that ranks the layers: score-kl (KL of the "
           "attention-score distribution) or output-error (relative error of the attention "
-          "output)");
+          "output), both isolated per layer on the reference run's q, k, v; or next-token-kl "
+          "(the model's next-token KL with only that layer stored in the format: one forward "
+          "pass per layer, for a single codec format without overrides)");
 ABSL_FLAG(std::string, tier_base, "",
           "--layer-sensitivity with --rank-tiers: the codec spec (K_RECIPE|V_RECIPE) every "
           "layer gets unless a tier says otherwise");
@@ -121,15 +123,18 @@ int RunEval() {
     return Fail(absl::InvalidArgumentError("--attention-samples must be >= 0"));
   }
 
-  options.attention_only = absl::GetFlag(FLAGS_layer_sensitivity);
+  const bool sensitivity = absl::GetFlag(FLAGS_layer_sensitivity);
   const std::string rank_by = absl::GetFlag(FLAGS_rank_by);
-  if (rank_by != "score-kl" && rank_by != "output-error") {
+  if (rank_by != "score-kl" && rank_by != "output-error" && rank_by != "next-token-kl") {
     return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--rank-by=", rank_by, ": expected score-kl or output-error")));
+        absl::StrCat("--rank-by=", rank_by, ": expected score-kl, output-error or next-token-kl")));
   }
+  const bool per_layer_forward = sensitivity && rank_by == "next-token-kl";
+  // The attention errors need only the reference run; next-token KL needs the formats' own.
+  options.attention_only = sensitivity && !per_layer_forward;
   std::vector<calibration::RankTier> tiers;
   if (!absl::GetFlag(FLAGS_rank_tiers).empty()) {
-    if (!options.attention_only) {
+    if (!sensitivity) {
       return Fail(absl::InvalidArgumentError("--rank-tiers needs --layer-sensitivity"));
     }
     if (absl::GetFlag(FLAGS_tier_base).empty()) {
@@ -182,11 +187,27 @@ int RunEval() {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--formats: ", f.status().message())));
     formats.push_back(*f);
   }
+  const int num_layers = (*model)->config.num_layers;
+  if (per_layer_forward) {
+    // One format per layer: that layer's rows in the codec, every other layer's in BF16.
+    if (formats.size() != 1 || formats[0].format != engine::KvCacheFormat::kEvalCodec ||
+        formats[0].codec.find(';') != std::string::npos) {
+      return Fail(absl::InvalidArgumentError(
+          "--rank-by=next-token-kl: give one label=codec:K|V[@FILE] format without overrides"));
+    }
+    const calibration::EvalFormat one = formats[0];
+    formats.clear();
+    for (int l = 0; l < num_layers; ++l) {
+      calibration::EvalFormat f = one;
+      f.name = absl::StrCat(one.name, "@", l);
+      f.codec = absl::StrCat("bf16|bf16;", l, "=", one.codec);
+      formats.push_back(std::move(f));
+    }
+  }
 
   absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create((*model)->tokenizer);
   if (!tok.ok()) return Fail(tok.status());
-  const std::string text_dir =
-      TextDirFromFlag(options.attention_only ? "calibration" : "evaluation");
+  const std::string text_dir = TextDirFromFlag(sensitivity ? "calibration" : "evaluation");
   absl::StatusOr<std::vector<calibration::TextDocument>> docs =
       calibration::LoadTextDocuments(text_dir, *tok);
   if (!docs.ok()) return Fail(docs.status());
@@ -196,18 +217,48 @@ int RunEval() {
       *model, *docs, formats, options,
       [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) return Fail(report.status());
-  if (options.attention_only) {
+  if (sensitivity) {
+    // Per (format, context) for the attention errors, per context for next-token KL (the
+    // results of context c are [c * layers, (c + 1) * layers), one format per layer).
+    struct Measured {
+      std::string label;
+      int context = 0, windows = 0;
+      std::vector<double> score_kl, output_error, next_token_kl;
+    };
+    std::vector<Measured> measured;
+    if (per_layer_forward) {
+      for (size_t i = 0; i < report->results.size(); i += num_layers) {
+        const calibration::EvalResult& r0 = report->results[i];
+        Measured m{r0.format.substr(0, r0.format.rfind('@')), r0.context, r0.windows};
+        for (int l = 0; l < num_layers; ++l) {
+          const calibration::EvalResult& r = report->results[i + l];
+          m.score_kl.push_back(r.layer_score_kl[l]);
+          m.output_error.push_back(r.layer_output_rel_error[l]);
+          m.next_token_kl.push_back(r.kl_mean);
+        }
+        measured.push_back(std::move(m));
+      }
+    } else {
+      for (const calibration::EvalResult& r : report->results) {
+        measured.push_back(
+            {r.format, r.context, r.windows, r.layer_score_kl, r.layer_output_rel_error, {}});
+      }
+    }
     std::vector<int> first_ranking;
-    for (const calibration::EvalResult& r : report->results) {
-      absl::StatusOr<std::vector<int>> ranked = calibration::RankLayers(
-          rank_by == "score-kl" ? r.layer_score_kl : r.layer_output_rel_error);
+    for (const Measured& m : measured) {
+      absl::StatusOr<std::vector<int>> ranked =
+          calibration::RankLayers(rank_by == "score-kl"       ? m.score_kl
+                                  : rank_by == "output-error" ? m.output_error
+                                                              : m.next_token_kl);
       if (!ranked.ok()) return Fail(ranked.status());
       if (first_ranking.empty()) first_ranking = *ranked;
-      std::printf("%s, context %d, %d windows: layers by %s, largest first\n", r.format.c_str(),
-                  r.context, r.windows, rank_by.c_str());
+      std::printf("%s, context %d, %d windows: layers by %s, largest first\n", m.label.c_str(),
+                  m.context, m.windows, rank_by.c_str());
       for (int l : *ranked) {
-        std::printf("  layer %2d  score KL %.4e  output error %.4f\n", l, r.layer_score_kl[l],
-                    r.layer_output_rel_error[l]);
+        std::printf("  layer %2d  score KL %.4e  output error %.4f", l, m.score_kl[l],
+                    m.output_error[l]);
+        if (per_layer_forward) std::printf("  next-token KL %.4e", m.next_token_kl[l]);
+        std::printf("\n");
       }
     }
     if (!tiers.empty()) {
