@@ -659,6 +659,47 @@ std::string EvalReportJson(const EvalReport& report) {
   return j.dump(1);
 }
 
+absl::StatusOr<EvalReport> ParseEvalReportJson(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("results") || !j["results"].is_array()) {
+    return absl::InvalidArgumentError("not a kvstrata eval JSON report (no results array)");
+  }
+  EvalReport report;
+  if (j.contains("options") && j["options"].is_object()) {
+    const nlohmann::json& o = j["options"];
+    report.options.attention_only = o.contains("attention_only") &&
+                                    o["attention_only"].is_boolean() &&
+                                    o["attention_only"].get<bool>();
+  }
+  auto numbers = [](const nlohmann::json& r, const char* key, std::vector<double>* out) -> bool {
+    if (!r.contains(key) || !r[key].is_array()) return false;
+    for (const nlohmann::json& x : r[key]) {
+      if (!x.is_number()) return false;
+      out->push_back(x.get<double>());
+    }
+    return true;
+  };
+  for (const nlohmann::json& r : j["results"]) {
+    EvalResult e;
+    if (!r.is_object() || !r.contains("format") || !r["format"].is_string() ||
+        !r.contains("context") || !r["context"].is_number_integer() || !r.contains("windows") ||
+        !r["windows"].is_number_integer() || !r.contains("kl_mean") || !r["kl_mean"].is_number() ||
+        !numbers(r, "layer_attention_score_kl", &e.layer_score_kl) ||
+        !numbers(r, "layer_attention_output_rel_error", &e.layer_output_rel_error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("result ", report.results.size(),
+                       ": needs format, context, windows, kl_mean and the per-layer attention "
+                       "errors"));
+    }
+    e.format = r["format"].get<std::string>();
+    e.context = r["context"].get<int>();
+    e.windows = r["windows"].get<int>();
+    e.kl_mean = r["kl_mean"].get<double>();
+    report.results.push_back(std::move(e));
+  }
+  return report;
+}
+
 std::string EvalReportTable(const EvalReport& report) {
   std::string out = absl::StrFormat("%-20s %6s %6s %6s %8s %8s %10s %10s %10s %7s %10s %8s %7s\n",
                                     "format", "ctx", "bpe", "hist", "ppl", "dppl%", "KL mean",

@@ -137,6 +137,10 @@ absl::Status ForwardChunk(engine::Engine& engine, engine::SequenceKv& seq,
                           std::vector<float>* logits, engine::ForwardObserver* observer = nullptr);
 
 std::string EvalReportJson(const EvalReport& report);
+// Reads back what EvalReportJson wrote, as far as a layer ranking needs it: per result the
+// format, context, windows, kl_mean and the per-layer attention errors, and
+// options.attention_only. InvalidArgument on text that is not such a report.
+absl::StatusOr<EvalReport> ParseEvalReportJson(const std::string& text);
 std::string EvalReportTable(const EvalReport& report);
 
 }  // namespace kvstrata::calibration

@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,9 @@ ABSL_FLAG(std::string, rank_tiers, "",
           "the most sensitive layer down (RECIPE K|V, or base), in the ranking of the first "
           "--formats entry at the first --contexts entry; prints the codec spec");
 ABSL_FLAG(std::string, spec_out, "", "--rank-tiers: also write the codec spec to this file");
+ABSL_FLAG(std::string, sensitivity_from, "",
+          "--layer-sensitivity: rank from this earlier --layer-sensitivity --json report instead "
+          "of measuring again (give the --rank-by it was measured for)");
 // --json (write the results as JSON to this file) is defined by bench_engine.cc: absl flags are
 // global to the binary.
 ABSL_DECLARE_FLAG(std::string, json);
@@ -83,6 +87,63 @@ namespace {
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvstrata eval: %s\n", std::string(s.message()).c_str());
   return 1;
+}
+
+// Runs the formats named in --formats (per_layer_forward: the one codec format, one layer at
+// a time) over the evaluation text, or the calibration text for a sensitivity.
+absl::StatusOr<calibration::EvalReport> MeasureFormats(
+    const std::vector<std::string>& names, calibration::EvalRotationFiles files,
+    std::shared_ptr<const model::LoadedModel> model, const calibration::EvalOptions& options,
+    bool sensitivity, bool per_layer_forward) {
+  // The Hadamard baseline is a rotation file like any other, made here for this model.
+  char hadamard_path[] = "/tmp/kvstrata-hadamard-XXXXXX";
+  const int fd = mkstemp(hadamard_path);
+  if (fd < 0) return absl::UnavailableError("cannot create a temporary file in /tmp");
+  close(fd);
+  files.hadamard = hadamard_path;
+  struct Remove {
+    const char* path;
+    ~Remove() { std::remove(path); }
+  } remove_hadamard{hadamard_path};
+  if (absl::Status s = calibration::WriteHadamardRotationFile(files.hadamard, *model); !s.ok()) {
+    return s;
+  }
+  std::vector<calibration::EvalFormat> formats;
+  for (const std::string& name : names) {
+    absl::StatusOr<calibration::EvalFormat> f = calibration::ResolveEvalFormat(name, files);
+    if (!f.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--formats: ", f.status().message()));
+    formats.push_back(*f);
+  }
+  const int num_layers = model->config.num_layers;
+  if (per_layer_forward) {
+    // One format per layer: that layer's rows in the codec, every other layer's in BF16.
+    if (formats.size() != 1 || formats[0].format != engine::KvCacheFormat::kEvalCodec ||
+        formats[0].codec.find(';') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          "--rank-by=next-token-kl: give one label=codec:K|V[@FILE] format without overrides");
+    }
+    const calibration::EvalFormat one = formats[0];
+    formats.clear();
+    for (int l = 0; l < num_layers; ++l) {
+      calibration::EvalFormat f = one;
+      f.name = absl::StrCat(one.name, "@", l);
+      f.codec = absl::StrCat("bf16|bf16;", l, "=", one.codec);
+      formats.push_back(std::move(f));
+    }
+  }
+
+  absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create(model->tokenizer);
+  if (!tok.ok()) return tok.status();
+  const std::string text_dir = TextDirFromFlag(sensitivity ? "calibration" : "evaluation");
+  absl::StatusOr<std::vector<calibration::TextDocument>> docs =
+      calibration::LoadTextDocuments(text_dir, *tok);
+  if (!docs.ok()) return docs.status();
+  std::fprintf(stderr, "eval: %zu formats x %zu contexts on %zu documents from %s\n",
+               formats.size(), options.contexts.size(), docs->size(), text_dir.c_str());
+  return calibration::Evaluate(model, *docs, formats, options, [](const std::string& line) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  });
 }
 
 int RunEval() {
@@ -167,55 +228,31 @@ int RunEval() {
   std::fprintf(stderr, "eval: loading the model\n");
   absl::StatusOr<std::shared_ptr<const model::LoadedModel>> model = LoadModelFromFlag();
   if (!model.ok()) return Fail(model.status());
-  // The Hadamard baseline is a rotation file like any other, made here for this model.
-  char hadamard_path[] = "/tmp/kvstrata-hadamard-XXXXXX";
-  const int fd = mkstemp(hadamard_path);
-  if (fd < 0) return Fail(absl::UnavailableError("cannot create a temporary file in /tmp"));
-  close(fd);
-  files.hadamard = hadamard_path;
-  struct Remove {
-    const char* path;
-    ~Remove() { std::remove(path); }
-  } remove_hadamard{hadamard_path};
-  if (absl::Status s = calibration::WriteHadamardRotationFile(files.hadamard, **model); !s.ok()) {
-    return Fail(s);
-  }
-  std::vector<calibration::EvalFormat> formats;
-  for (const std::string& name : names) {
-    absl::StatusOr<calibration::EvalFormat> f = calibration::ResolveEvalFormat(name, files);
-    if (!f.ok())
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--formats: ", f.status().message())));
-    formats.push_back(*f);
-  }
   const int num_layers = (*model)->config.num_layers;
-  if (per_layer_forward) {
-    // One format per layer: that layer's rows in the codec, every other layer's in BF16.
-    if (formats.size() != 1 || formats[0].format != engine::KvCacheFormat::kEvalCodec ||
-        formats[0].codec.find(';') != std::string::npos) {
+  absl::StatusOr<calibration::EvalReport> report;
+  if (const std::string from = absl::GetFlag(FLAGS_sensitivity_from); !from.empty()) {
+    if (!sensitivity) {
+      return Fail(absl::InvalidArgumentError("--sensitivity-from needs --layer-sensitivity"));
+    }
+    std::ifstream in(from);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in)
+      return Fail(absl::NotFoundError(absl::StrCat("--sensitivity-from ", from, ": cannot read")));
+    report = calibration::ParseEvalReportJson(text.str());
+    if (report.ok() && per_layer_forward == report->options.attention_only) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--sensitivity-from ", from, ": measured ",
+          report->options.attention_only ? "per-layer attention errors" : "next-token KL",
+          ", not what --rank-by=", rank_by, " ranks by")));
+    }
+    if (report.ok() && per_layer_forward && report->results.size() % num_layers != 0) {
       return Fail(absl::InvalidArgumentError(
-          "--rank-by=next-token-kl: give one label=codec:K|V[@FILE] format without overrides"));
+          absl::StrCat("--sensitivity-from ", from, ": not one result per layer")));
     }
-    const calibration::EvalFormat one = formats[0];
-    formats.clear();
-    for (int l = 0; l < num_layers; ++l) {
-      calibration::EvalFormat f = one;
-      f.name = absl::StrCat(one.name, "@", l);
-      f.codec = absl::StrCat("bf16|bf16;", l, "=", one.codec);
-      formats.push_back(std::move(f));
-    }
+  } else {
+    report = MeasureFormats(names, files, *model, options, sensitivity, per_layer_forward);
   }
-
-  absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create((*model)->tokenizer);
-  if (!tok.ok()) return Fail(tok.status());
-  const std::string text_dir = TextDirFromFlag(sensitivity ? "calibration" : "evaluation");
-  absl::StatusOr<std::vector<calibration::TextDocument>> docs =
-      calibration::LoadTextDocuments(text_dir, *tok);
-  if (!docs.ok()) return Fail(docs.status());
-  std::fprintf(stderr, "eval: %zu formats x %zu contexts on %zu documents from %s\n",
-               formats.size(), options.contexts.size(), docs->size(), text_dir.c_str());
-  absl::StatusOr<calibration::EvalReport> report = calibration::Evaluate(
-      *model, *docs, formats, options,
-      [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) return Fail(report.status());
   if (sensitivity) {
     // Per (format, context) for the attention errors, per context for next-token KL (the
@@ -279,6 +316,8 @@ int RunEval() {
   } else {
     std::fputs(calibration::EvalReportTable(*report).c_str(), stdout);
   }
+  // A ranking read back from a report measured nothing: no times, nothing new to write.
+  if (!absl::GetFlag(FLAGS_sensitivity_from).empty()) return 0;
   std::printf("reference (BF16 cache) seconds per context:");
   for (const auto& [ctx, s] : report->reference_seconds) std::printf(" %d: %.1f", ctx, s);
   std::printf("; total %.0f s\n", report->seconds);
