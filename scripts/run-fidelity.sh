@@ -76,16 +76,15 @@ echo "P2c=codec:$(cat "$out/fidelity2/P2c.codec")@$rot,P2c-o=codec:$(cat "$out/f
   > "$out/fidelity2/calib.formats"
 # The per-layer next-token KL of P2's base keys (one forward pass per layer, about 14 min on
 # two shared cores): P2k boosts its top 8; P2w spreads the same bits over five tiers of that
-# ranking (counts from the water-filling in docs/fidelity.md), read back from the saved report.
+# ranking (counts from scripts/allocate_tiers.py's water-filling), read back from the report.
 "$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
   --formats "P2-K=codec:${base%|*}|bf16@$rot" --contexts 2048 --windows 2 --attention-samples 0 \
   --tier-base "$base" --rank-tiers "8=$boost" --spec-out "$out/fidelity2/P2k.codec" \
   --json "$out/fidelity2/sensitivity-kl-2k.json" > "$out/fidelity2/sensitivity-kl-2k.txt"
-v=${base#*|}
+python3 scripts/allocate_tiers.py "$out/fidelity2/sensitivity-kl-2k.json" > "$out/fidelity2/P2w.tiers"
 "$kv" eval --layer-sensitivity --rank-by next-token-kl \
   --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json" --tier-base "$base" \
-  --rank-tiers "3=4x64:eig:s8:pr|$v;5=4x32+3x32:eig:s8:pr|$v;7=4x16+3x32+2x16:eig:s8:pr|$v;6=base;9=3x32+2x32:eig:s8:pr|$v" \
-  --spec-out "$out/fidelity2/P2w.codec" > /dev/null
+  --rank-tiers "$(tail -1 "$out/fidelity2/P2w.tiers")" --spec-out "$out/fidelity2/P2w.codec" > /dev/null
 echo "P2k=codec:$(cat "$out/fidelity2/P2k.codec")@$rot,P2w=codec:$(cat "$out/fidelity2/P2w.codec")@$rot" \
   > "$out/fidelity2/klrank.formats"
 for set in calib klrank; do
