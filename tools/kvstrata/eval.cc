@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -291,9 +292,14 @@ int RunEval() {
       if (first_ranking.empty()) first_ranking = *ranked;
       std::printf("%s, context %d, %d windows: layers by %s, largest first\n", m.label.c_str(),
                   m.context, m.windows, rank_by.c_str());
+      // With --attention-samples=0 (next-token KL alone) there are no attention errors to show.
+      const bool attention =
+          std::any_of(m.score_kl.begin(), m.score_kl.end(), [](double x) { return x != 0.0; });
       for (int l : *ranked) {
-        std::printf("  layer %2d  score KL %.4e  output error %.4f", l, m.score_kl[l],
-                    m.output_error[l]);
+        std::printf("  layer %2d", l);
+        if (attention) {
+          std::printf("  score KL %.4e  output error %.4f", m.score_kl[l], m.output_error[l]);
+        }
         if (per_layer_forward) std::printf("  next-token KL %.4e", m.next_token_kl[l]);
         std::printf("\n");
       }
