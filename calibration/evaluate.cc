@@ -487,13 +487,13 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
         ref_seconds += Since(t0);
         ref_lp.resize(n);
         ref_argmax.resize(n);
-        for (int r = 0; r < n; ++r) {
+        for (int r = 0; r < n && !options.attention_only; ++r) {
           LogSoftmax(ref_logits.data() + static_cast<int64_t>(r) * vocab, vocab, &ref_lp[r],
                      &ref_argmax[r]);
         }
         // The formats, on `threads` workers (each engine is driven by one thread at a time).
         std::vector<absl::Status> status(formats.size());
-        ParallelFor(formats.size(), threads, [&](size_t fi) {
+        ParallelFor(options.attention_only ? 0 : formats.size(), threads, [&](size_t fi) {
           const EvalFormat& f = formats[fi];
           Accumulator& a = acc[fi];
           std::vector<float> logits;
@@ -622,7 +622,8 @@ std::string EvalReportJson(const EvalReport& report) {
                   {"chunk", report.options.chunk},
                   {"attention_samples", report.options.attention_samples},
                   {"group_size", report.options.group_size},
-                  {"threads", report.options.threads}};
+                  {"threads", report.options.threads},
+                  {"attention_only", report.options.attention_only}};
   nlohmann::json ref = nlohmann::json::object();
   for (const auto& [ctx, s] : report.reference_seconds) ref[std::to_string(ctx)] = s;
   j["reference_seconds"] = ref;
@@ -656,6 +657,47 @@ std::string EvalReportJson(const EvalReport& report) {
   }
   j["results"] = results;
   return j.dump(1);
+}
+
+absl::StatusOr<EvalReport> ParseEvalReportJson(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("results") || !j["results"].is_array()) {
+    return absl::InvalidArgumentError("not a kvstrata eval JSON report (no results array)");
+  }
+  EvalReport report;
+  if (j.contains("options") && j["options"].is_object()) {
+    const nlohmann::json& o = j["options"];
+    report.options.attention_only = o.contains("attention_only") &&
+                                    o["attention_only"].is_boolean() &&
+                                    o["attention_only"].get<bool>();
+  }
+  auto numbers = [](const nlohmann::json& r, const char* key, std::vector<double>* out) -> bool {
+    if (!r.contains(key) || !r[key].is_array()) return false;
+    for (const nlohmann::json& x : r[key]) {
+      if (!x.is_number()) return false;
+      out->push_back(x.get<double>());
+    }
+    return true;
+  };
+  for (const nlohmann::json& r : j["results"]) {
+    EvalResult e;
+    if (!r.is_object() || !r.contains("format") || !r["format"].is_string() ||
+        !r.contains("context") || !r["context"].is_number_integer() || !r.contains("windows") ||
+        !r["windows"].is_number_integer() || !r.contains("kl_mean") || !r["kl_mean"].is_number() ||
+        !numbers(r, "layer_attention_score_kl", &e.layer_score_kl) ||
+        !numbers(r, "layer_attention_output_rel_error", &e.layer_output_rel_error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("result ", report.results.size(),
+                       ": needs format, context, windows, kl_mean and the per-layer attention "
+                       "errors"));
+    }
+    e.format = r["format"].get<std::string>();
+    e.context = r["context"].get<int>();
+    e.windows = r["windows"].get<int>();
+    e.kl_mean = r["kl_mean"].get<double>();
+    report.results.push_back(std::move(e));
+  }
+  return report;
 }
 
 std::string EvalReportTable(const EvalReport& report) {

@@ -17,6 +17,9 @@
 //     relative error of the attention output, for the reference run's own q, k, v stored
 //     through the format (so each layer's error is isolated from upstream drift),
 //   * exact bits per element (engine::SequenceBitsPerElement) and wall time.
+// With EvalOptions::attention_only, only the per-layer metrics: the layer sensitivity that
+// per-layer bit allocations are chosen from (calibration/layer_ranking.h), run on the
+// calibration text by `kvstrata eval --layer-sensitivity`.
 
 #include <cstdint>
 #include <functional>
@@ -79,6 +82,9 @@ struct EvalOptions {
   int attention_samples = 8;       // query positions per window for the per-layer metrics
   int group_size = 0;              // INT2/INT4/KIVI channels per scale; 0 = head_dim
   int threads = 2;                 // formats run concurrently, each with single-threaded BLAS
+  // Per-layer attention metrics only (the layer-sensitivity measurement): the formats' own
+  // forward passes are skipped, so next-token KL, perplexity and top-1 are not measured (0).
+  bool attention_only = false;
 };
 
 struct EvalResult {
@@ -131,6 +137,10 @@ absl::Status ForwardChunk(engine::Engine& engine, engine::SequenceKv& seq,
                           std::vector<float>* logits, engine::ForwardObserver* observer = nullptr);
 
 std::string EvalReportJson(const EvalReport& report);
+// Reads back what EvalReportJson wrote, as far as a layer ranking needs it: per result the
+// format, context, windows, kl_mean and the per-layer attention errors, and
+// options.attention_only. InvalidArgument on text that is not such a report.
+absl::StatusOr<EvalReport> ParseEvalReportJson(const std::string& text);
 std::string EvalReportTable(const EvalReport& report);
 
 }  // namespace kvstrata::calibration

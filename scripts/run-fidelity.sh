@@ -2,7 +2,8 @@
 # Reproduces docs/fidelity.md: fetches the model and the text, fits the rotation files (the
 # committed default under rotations/ and the ablations under the cache folder), evaluates every
 # KV format at 1K-8K context, and plots the result. About 15 min of calibration and 30-40 min of
-# evaluation on 2 CPU cores, plus about 1 h for round 2 (docs/fidelity.md).
+# evaluation on 2 CPU cores, plus about 1 h for round 2 and 1 h for its calibration-chosen
+# boosts (docs/fidelity.md).
 #   scripts/run-fidelity.sh [OUT_DIR]      (default: docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +58,46 @@ for s in split vboost; do
   "$kv" eval --rotations "$rot" --formats "$(cat docs/fidelity2/$s.formats)" \
     --contexts 8192 --windows 2 --json "$out/fidelity2/$s-8k.json" > "$out/fidelity2/$s-8k.txt"
 done
+# Round 2, calibration-chosen boosts: the per-layer key sensitivity under P2's base codec (and,
+# as the ablation, under INT2) on the CALIBRATION text, the top 8 layers boosted from it, and
+# those codecs evaluated on the same windows as turbo3 and P2 above.
+base="4x16+3x16+2x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr"
+boost="4x32+3x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr"
+sensitivity() {  # FORMATS (the first one is ranked into the spec) TIERS SPEC_FILE JSON THREADS
+  "$kv" eval --layer-sensitivity --rotations "$rot" --threads "$5" --formats "$1" \
+    --contexts 2048 --windows 16 --attention-samples 32 --tier-base "$base" --rank-tiers "$2" \
+    --spec-out "$3" --json "$4" > "${4%.json}.txt"
+}
+sensitivity "P2-K=codec:${base%|*}|bf16@$rot,oscar-K=codec:int2|bf16@$rot" "8=$boost" \
+  "$out/fidelity2/P2c.codec" "$out/fidelity2/sensitivity-2k.json" 2
+sensitivity "oscar-K=codec:int2|bf16@$rot" "8=$boost" "$out/fidelity2/P2c-o.codec" \
+  "$out/fidelity2/sensitivity-2k-oscar.json" 1
+echo "P2c=codec:$(cat "$out/fidelity2/P2c.codec")@$rot,P2c-o=codec:$(cat "$out/fidelity2/P2c-o.codec")@$rot" \
+  > "$out/fidelity2/calib.formats"
+# The per-layer next-token KL of P2's base keys (one forward pass per layer, about 14 min on
+# two shared cores): P2k boosts its top 8; P2w spreads the same bits over five tiers of that
+# ranking (counts from scripts/allocate_tiers.py's water-filling), read back from the report.
+"$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
+  --formats "P2-K=codec:${base%|*}|bf16@$rot" --contexts 2048 --windows 2 --attention-samples 0 \
+  --tier-base "$base" --rank-tiers "8=$boost" --spec-out "$out/fidelity2/P2k.codec" \
+  --json "$out/fidelity2/sensitivity-kl-2k.json" > "$out/fidelity2/sensitivity-kl-2k.txt"
+python3 scripts/allocate_tiers.py "$out/fidelity2/sensitivity-kl-2k.json" > "$out/fidelity2/P2w.tiers"
+"$kv" eval --layer-sensitivity --rank-by next-token-kl \
+  --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json" --tier-base "$base" \
+  --rank-tiers "$(tail -1 "$out/fidelity2/P2w.tiers")" --spec-out "$out/fidelity2/P2w.codec" > /dev/null
+echo "P2k=codec:$(cat "$out/fidelity2/P2k.codec")@$rot,P2w=codec:$(cat "$out/fidelity2/P2w.codec")@$rot" \
+  > "$out/fidelity2/klrank.formats"
+for set in calib klrank; do
+  for c in 1024,2048:4,2:1k2k 4096:3:4k 8192:2:8k; do
+    IFS=: read -r ctx w tag <<< "$c"
+    "$kv" eval --rotations "$rot" --formats "$(cat "$out/fidelity2/$set.formats")" \
+      --contexts "$ctx" --windows "$w" --json "$out/fidelity2/$set-$tag.json" \
+      > "$out/fidelity2/$set-$tag.txt"
+  done
+done
 python3 scripts/fidelity_ci.py "$out"/fidelity2/explore[1-4].json > "$out/fidelity2/explore.md"
 python3 scripts/fidelity_ci.py --vs turbo3 --only turbo3,oscar,P2 "$out"/fidelity2/explore1.json "$out"/fidelity2/explore4.json \
   "$out"/fidelity2/confirm-[48]k.json > "$out/fidelity2/confirm.md"
+python3 scripts/fidelity_ci.py --vs turbo3,P2 --only turbo3,P2,P2c,P2c-o,P2k,P2w \
+  "$out"/fidelity2/explore1.json "$out"/fidelity2/explore4.json "$out"/fidelity2/confirm-[48]k.json \
+  "$out"/fidelity2/calib-*.json "$out"/fidelity2/klrank-*.json > "$out/fidelity2/calib.md"

@@ -120,7 +120,7 @@ TEST(Fidelity, CodecWithTheServedQuantiserMatchesTheInt2Format) {
   files.per_head = fx.oscar_path;
   std::vector<EvalFormat> formats;
   for (const std::string& name : {std::string("oscar"), "same=codec:int2|int2@" + fx.oscar_path,
-                                 "norm=codec:2x64|bf16@" + fx.oscar_path}) {
+                                  "norm=codec:2x64|bf16@" + fx.oscar_path}) {
     absl::StatusOr<EvalFormat> f = ResolveEvalFormat(name, files);
     ASSERT_TRUE(f.ok()) << f.status();
     formats.push_back(*f);
@@ -273,6 +273,45 @@ TEST(Fidelity, Bf16AgainstItselfIsExactlyZero) {
     EXPECT_EQ(r.bits_per_element, engine::SequenceBitsPerElement(KvCacheFormat::kBf16, {},
                                                                  {2, 2, 64, 64, 64}, r.context));
   }
+}
+
+TEST(Fidelity, AttentionOnlyKeepsTheLayerErrorsAndSkipsTheForwardPasses) {
+  // The layer-sensitivity mode: the per-layer attention errors come from the reference run
+  // alone, so they must equal a full run's, while the next-token metrics are not measured.
+  const std::shared_ptr<const model::LoadedModel> model = PlantedModel();
+  absl::StatusOr<EvalFormat> f = ResolveEvalFormat("k=codec:2x64|bf16", {});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EvalOptions o;
+  o.contexts = {512};
+  o.windows = {1};
+  absl::StatusOr<EvalReport> full = Evaluate(model, {Document("eval", 4096, 3)}, {*f}, o);
+  o.attention_only = true;
+  absl::StatusOr<EvalReport> only = Evaluate(model, {Document("eval", 4096, 3)}, {*f}, o);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(only.ok()) << only.status();
+  const EvalResult& a = full->results[0];
+  const EvalResult& b = only->results[0];
+  ASSERT_GT(a.kl_mean, 0.0);
+  EXPECT_EQ(b.kl_mean, 0.0);
+  ASSERT_EQ(b.layer_score_kl.size(), 2u);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_GT(a.layer_score_kl[l], 0.0) << l;
+    EXPECT_DOUBLE_EQ(b.layer_score_kl[l], a.layer_score_kl[l]) << l;
+    EXPECT_DOUBLE_EQ(b.layer_output_rel_error[l], a.layer_output_rel_error[l]) << l;
+  }
+
+  // What a ranking needs reads back from the JSON (kvstrata eval --sensitivity-from).
+  absl::StatusOr<EvalReport> back = ParseEvalReportJson(EvalReportJson(*only));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->options.attention_only);
+  ASSERT_EQ(back->results.size(), 1u);
+  EXPECT_EQ(back->results[0].format, "k");
+  EXPECT_EQ(back->results[0].context, 512);
+  EXPECT_EQ(back->results[0].windows, 1);
+  EXPECT_EQ(back->results[0].layer_score_kl, b.layer_score_kl);
+  EXPECT_EQ(back->results[0].layer_output_rel_error, b.layer_output_rel_error);
+  EXPECT_FALSE(ParseEvalReportJson("not json").ok());
+  EXPECT_FALSE(ParseEvalReportJson("{\"results\": [{\"format\": \"k\"}]}").ok());
 }
 
 TEST(Fidelity, UnknownFormatsAndMissingFilesNameWhatIsWrong) {

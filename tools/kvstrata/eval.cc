@@ -3,19 +3,32 @@
 //
 //   scripts/fetch-text.sh
 //   kvstrata eval --rotations rotations/SmolLM2-135M-Instruct.safetensors --json out.json
+//
+// --layer-sensitivity: per-layer attention errors only, on the CALIBRATION text (the text the
+// rotations are fitted on, never the evaluation set), each format's layers ranked by them, and
+// with --rank-tiers a codec spec whose most sensitive layers get more bits (docs/fidelity.md,
+// "Round 2"):
+//   kvstrata eval --layer-sensitivity --rotations R
+//     --formats "P2-K=codec:4x16+3x16+2x32:eig:s8:pr|bf16@R" --contexts 2048 --windows 8
+//     --tier-base "4x16+3x16+2x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr"
+//     --rank-tiers "8=4x32+3x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr" --spec-out p2c.codec
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "calibration/evaluate.h"
+#include "calibration/layer_ranking.h"
 #include "calibration/text_corpus.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/kvstrata/commands.h"
@@ -44,6 +57,26 @@ ABSL_FLAG(std::string, proxy_rotations, "",
 ABSL_FLAG(std::string, lloyd_max_rotations, "",
           "rotation file with clips searched for Lloyd-Max levels (calibrate --lloyd-max), for "
           "oscar-lm");
+ABSL_FLAG(bool, layer_sensitivity, false,
+          "measure only the per-layer attention errors (no next-token KL), on the calibration "
+          "text unless --text-dir says otherwise, and rank each format's layers by them");
+ABSL_FLAG(std::string, rank_by, "score-kl",
+          "--layer-sensitivity: the per-layer error that ranks the layers: score-kl (KL of the "
+          "attention-score distribution) or output-error (relative error of the attention "
+          "output), both isolated per layer on the reference run's q, k, v; or next-token-kl "
+          "(the model's next-token KL with only that layer stored in the format: one forward "
+          "pass per layer, for a single codec format without overrides)");
+ABSL_FLAG(std::string, tier_base, "",
+          "--layer-sensitivity with --rank-tiers: the codec spec (K_RECIPE|V_RECIPE) every "
+          "layer gets unless a tier says otherwise");
+ABSL_FLAG(std::string, rank_tiers, "",
+          "--layer-sensitivity: N=RECIPE(;N=RECIPE)*, consecutive stretches of the ranking from "
+          "the most sensitive layer down (RECIPE K|V, or base), in the ranking of the first "
+          "--formats entry at the first --contexts entry; prints the codec spec");
+ABSL_FLAG(std::string, spec_out, "", "--rank-tiers: also write the codec spec to this file");
+ABSL_FLAG(std::string, sensitivity_from, "",
+          "--layer-sensitivity: rank from this earlier --layer-sensitivity --json report instead "
+          "of measuring again (give the --rank-by it was measured for)");
 // --json (write the results as JSON to this file) is defined by bench_engine.cc: absl flags are
 // global to the binary.
 ABSL_DECLARE_FLAG(std::string, json);
@@ -55,6 +88,63 @@ namespace {
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvstrata eval: %s\n", std::string(s.message()).c_str());
   return 1;
+}
+
+// Runs the formats named in --formats (per_layer_forward: the one codec format, one layer at
+// a time) over the evaluation text, or the calibration text for a sensitivity.
+absl::StatusOr<calibration::EvalReport> MeasureFormats(
+    const std::vector<std::string>& names, calibration::EvalRotationFiles files,
+    std::shared_ptr<const model::LoadedModel> model, const calibration::EvalOptions& options,
+    bool sensitivity, bool per_layer_forward) {
+  // The Hadamard baseline is a rotation file like any other, made here for this model.
+  char hadamard_path[] = "/tmp/kvstrata-hadamard-XXXXXX";
+  const int fd = mkstemp(hadamard_path);
+  if (fd < 0) return absl::UnavailableError("cannot create a temporary file in /tmp");
+  close(fd);
+  files.hadamard = hadamard_path;
+  struct Remove {
+    const char* path;
+    ~Remove() { std::remove(path); }
+  } remove_hadamard{hadamard_path};
+  if (absl::Status s = calibration::WriteHadamardRotationFile(files.hadamard, *model); !s.ok()) {
+    return s;
+  }
+  std::vector<calibration::EvalFormat> formats;
+  for (const std::string& name : names) {
+    absl::StatusOr<calibration::EvalFormat> f = calibration::ResolveEvalFormat(name, files);
+    if (!f.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--formats: ", f.status().message()));
+    formats.push_back(*f);
+  }
+  const int num_layers = model->config.num_layers;
+  if (per_layer_forward) {
+    // One format per layer: that layer's rows in the codec, every other layer's in BF16.
+    if (formats.size() != 1 || formats[0].format != engine::KvCacheFormat::kEvalCodec ||
+        formats[0].codec.find(';') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          "--rank-by=next-token-kl: give one label=codec:K|V[@FILE] format without overrides");
+    }
+    const calibration::EvalFormat one = formats[0];
+    formats.clear();
+    for (int l = 0; l < num_layers; ++l) {
+      calibration::EvalFormat f = one;
+      f.name = absl::StrCat(one.name, "@", l);
+      f.codec = absl::StrCat("bf16|bf16;", l, "=", one.codec);
+      formats.push_back(std::move(f));
+    }
+  }
+
+  absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create(model->tokenizer);
+  if (!tok.ok()) return tok.status();
+  const std::string text_dir = TextDirFromFlag(sensitivity ? "calibration" : "evaluation");
+  absl::StatusOr<std::vector<calibration::TextDocument>> docs =
+      calibration::LoadTextDocuments(text_dir, *tok);
+  if (!docs.ok()) return docs.status();
+  std::fprintf(stderr, "eval: %zu formats x %zu contexts on %zu documents from %s\n",
+               formats.size(), options.contexts.size(), docs->size(), text_dir.c_str());
+  return calibration::Evaluate(model, *docs, formats, options, [](const std::string& line) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  });
 }
 
 int RunEval() {
@@ -95,6 +185,30 @@ int RunEval() {
     return Fail(absl::InvalidArgumentError("--attention-samples must be >= 0"));
   }
 
+  const bool sensitivity = absl::GetFlag(FLAGS_layer_sensitivity);
+  const std::string rank_by = absl::GetFlag(FLAGS_rank_by);
+  if (rank_by != "score-kl" && rank_by != "output-error" && rank_by != "next-token-kl") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--rank-by=", rank_by, ": expected score-kl, output-error or next-token-kl")));
+  }
+  const bool per_layer_forward = sensitivity && rank_by == "next-token-kl";
+  // The attention errors need only the reference run; next-token KL needs the formats' own.
+  options.attention_only = sensitivity && !per_layer_forward;
+  std::vector<calibration::RankTier> tiers;
+  if (!absl::GetFlag(FLAGS_rank_tiers).empty()) {
+    if (!sensitivity) {
+      return Fail(absl::InvalidArgumentError("--rank-tiers needs --layer-sensitivity"));
+    }
+    if (absl::GetFlag(FLAGS_tier_base).empty()) {
+      return Fail(absl::InvalidArgumentError("--rank-tiers needs --tier-base"));
+    }
+    absl::StatusOr<std::vector<calibration::RankTier>> t =
+        calibration::ParseRankTiers(absl::GetFlag(FLAGS_rank_tiers));
+    if (!t.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--rank-tiers: ", t.status().message())));
+    tiers = std::move(*t);
+  }
+
   calibration::EvalRotationFiles files;
   files.per_head = absl::GetFlag(FLAGS_rotations);
   files.shared = absl::GetFlag(FLAGS_shared_rotations);
@@ -115,40 +229,101 @@ int RunEval() {
   std::fprintf(stderr, "eval: loading the model\n");
   absl::StatusOr<std::shared_ptr<const model::LoadedModel>> model = LoadModelFromFlag();
   if (!model.ok()) return Fail(model.status());
-  // The Hadamard baseline is a rotation file like any other, made here for this model.
-  char hadamard_path[] = "/tmp/kvstrata-hadamard-XXXXXX";
-  const int fd = mkstemp(hadamard_path);
-  if (fd < 0) return Fail(absl::UnavailableError("cannot create a temporary file in /tmp"));
-  close(fd);
-  files.hadamard = hadamard_path;
-  struct Remove {
-    const char* path;
-    ~Remove() { std::remove(path); }
-  } remove_hadamard{hadamard_path};
-  if (absl::Status s = calibration::WriteHadamardRotationFile(files.hadamard, **model); !s.ok()) {
-    return Fail(s);
+  const int num_layers = (*model)->config.num_layers;
+  absl::StatusOr<calibration::EvalReport> report;
+  if (const std::string from = absl::GetFlag(FLAGS_sensitivity_from); !from.empty()) {
+    if (!sensitivity) {
+      return Fail(absl::InvalidArgumentError("--sensitivity-from needs --layer-sensitivity"));
+    }
+    std::ifstream in(from);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in)
+      return Fail(absl::NotFoundError(absl::StrCat("--sensitivity-from ", from, ": cannot read")));
+    report = calibration::ParseEvalReportJson(text.str());
+    if (report.ok() && per_layer_forward == report->options.attention_only) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--sensitivity-from ", from, ": measured ",
+          report->options.attention_only ? "per-layer attention errors" : "next-token KL",
+          ", not what --rank-by=", rank_by, " ranks by")));
+    }
+    if (report.ok() && per_layer_forward && report->results.size() % num_layers != 0) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--sensitivity-from ", from, ": not one result per layer")));
+    }
+  } else {
+    report = MeasureFormats(names, files, *model, options, sensitivity, per_layer_forward);
   }
-  std::vector<calibration::EvalFormat> formats;
-  for (const std::string& name : names) {
-    absl::StatusOr<calibration::EvalFormat> f = calibration::ResolveEvalFormat(name, files);
-    if (!f.ok())
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--formats: ", f.status().message())));
-    formats.push_back(*f);
-  }
-
-  absl::StatusOr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::Create((*model)->tokenizer);
-  if (!tok.ok()) return Fail(tok.status());
-  const std::string text_dir = TextDirFromFlag("evaluation");
-  absl::StatusOr<std::vector<calibration::TextDocument>> docs =
-      calibration::LoadTextDocuments(text_dir, *tok);
-  if (!docs.ok()) return Fail(docs.status());
-  std::fprintf(stderr, "eval: %zu formats x %zu contexts on %zu documents from %s\n",
-               formats.size(), options.contexts.size(), docs->size(), text_dir.c_str());
-  absl::StatusOr<calibration::EvalReport> report = calibration::Evaluate(
-      *model, *docs, formats, options,
-      [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
   if (!report.ok()) return Fail(report.status());
-  std::fputs(calibration::EvalReportTable(*report).c_str(), stdout);
+  if (sensitivity) {
+    // Per (format, context) for the attention errors, per context for next-token KL (the
+    // results of context c are [c * layers, (c + 1) * layers), one format per layer).
+    struct Measured {
+      std::string label;
+      int context = 0, windows = 0;
+      std::vector<double> score_kl, output_error, next_token_kl;
+    };
+    std::vector<Measured> measured;
+    if (per_layer_forward) {
+      for (size_t i = 0; i < report->results.size(); i += num_layers) {
+        const calibration::EvalResult& r0 = report->results[i];
+        Measured m{r0.format.substr(0, r0.format.rfind('@')), r0.context, r0.windows};
+        for (int l = 0; l < num_layers; ++l) {
+          const calibration::EvalResult& r = report->results[i + l];
+          m.score_kl.push_back(r.layer_score_kl[l]);
+          m.output_error.push_back(r.layer_output_rel_error[l]);
+          m.next_token_kl.push_back(r.kl_mean);
+        }
+        measured.push_back(std::move(m));
+      }
+    } else {
+      for (const calibration::EvalResult& r : report->results) {
+        measured.push_back(
+            {r.format, r.context, r.windows, r.layer_score_kl, r.layer_output_rel_error, {}});
+      }
+    }
+    std::vector<int> first_ranking;
+    for (const Measured& m : measured) {
+      absl::StatusOr<std::vector<int>> ranked =
+          calibration::RankLayers(rank_by == "score-kl"       ? m.score_kl
+                                  : rank_by == "output-error" ? m.output_error
+                                                              : m.next_token_kl);
+      if (!ranked.ok()) return Fail(ranked.status());
+      if (first_ranking.empty()) first_ranking = *ranked;
+      std::printf("%s, context %d, %d windows: layers by %s, largest first\n", m.label.c_str(),
+                  m.context, m.windows, rank_by.c_str());
+      // With --attention-samples=0 (next-token KL alone) there are no attention errors to show.
+      const bool attention =
+          std::any_of(m.score_kl.begin(), m.score_kl.end(), [](double x) { return x != 0.0; });
+      for (int l : *ranked) {
+        std::printf("  layer %2d", l);
+        if (attention) {
+          std::printf("  score KL %.4e  output error %.4f", m.score_kl[l], m.output_error[l]);
+        }
+        if (per_layer_forward) std::printf("  next-token KL %.4e", m.next_token_kl[l]);
+        std::printf("\n");
+      }
+    }
+    if (!tiers.empty()) {
+      absl::StatusOr<std::string> spec = calibration::TieredCodecSpec(
+          absl::GetFlag(FLAGS_tier_base), tiers, first_ranking, (*model)->config.head_dim);
+      if (!spec.ok()) return Fail(spec.status());
+      std::printf("codec: %s\n", spec->c_str());
+      if (const std::string path = absl::GetFlag(FLAGS_spec_out); !path.empty()) {
+        std::ofstream out(path, std::ios::trunc);
+        out << *spec << "\n";
+        out.close();
+        if (!out) {
+          return Fail(absl::UnavailableError(absl::StrCat("--spec-out ", path, ": cannot write")));
+        }
+        std::printf("wrote %s\n", path.c_str());
+      }
+    }
+  } else {
+    std::fputs(calibration::EvalReportTable(*report).c_str(), stdout);
+  }
+  // A ranking read back from a report measured nothing: no times, nothing new to write.
+  if (!absl::GetFlag(FLAGS_sensitivity_from).empty()) return 0;
   std::printf("reference (BF16 cache) seconds per context:");
   for (const auto& [ctx, s] : report->reference_seconds) std::printf(" %d: %.1f", ctx, s);
   std::printf("; total %.0f s\n", report->seconds);
