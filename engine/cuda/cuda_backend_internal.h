@@ -1,0 +1,239 @@
+#pragma once
+
+// The CUDA backend's class, shared by its two source files: cuda_backend.cc (start-up, weights,
+// buffers, and each pass's plan: page tables, segments, metadata staging, graphs) and
+// cuda_backend_layers.cc (the launches of a pass: embedding, layers, logits). Include only from
+// those two.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cublas_library.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_util.h"
+#include "engine/cuda/device_page_copy.h"
+#include "engine/cuda/device_sampler.h"
+#include "kernels/cuda/chunk_attention.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/split_decode.h"
+
+namespace kvstrata::engine::cuda_internal {
+
+using kernels::GemmType;
+
+#define KV_CUBLAS_RETURN_IF_ERROR(call, what)                                           \
+  do {                                                                                  \
+    if (cublasStatus_t kv_blas_s = (call); kv_blas_s != CUBLAS_STATUS_SUCCESS)          \
+      return absl::InternalError(absl::StrCat(what, " failed on cuda:", device_, ": ", \
+                                              blas_lib_->status_string(kv_blas_s)));      \
+  } while (0)
+
+// Host arrays of one forward pass, packed into one staging buffer and copied to the device in
+// one transfer; each array is then addressed on the device by its offset.
+class Metadata {
+ public:
+  // Appends the values, in room for `capacity` of them (at least their number), and returns
+  // their offset in bytes (16-byte aligned). With capacities fixed, every array of a pass has
+  // the same offset each time: what a replayed CUDA graph needs.
+  int64_t Add(const std::vector<int32_t>& values, size_t capacity = 0) {
+    const int64_t at = (static_cast<int64_t>(bytes_.size()) + 15) / 16 * 16;
+    bytes_.resize(at + std::max(values.size(), capacity) * sizeof(int32_t));
+    if (!values.empty()) std::memcpy(bytes_.data() + at, values.data(), values.size() * 4);
+    return at;
+  }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  void Clear() { bytes_.clear(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+struct LayerDeviceWeights {
+  const void* wq = nullptr;  // matrices in the backend's GemmType
+  const void* wk = nullptr;
+  const void* wv = nullptr;
+  const void* wo = nullptr;
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const void* w_down = nullptr;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* bq = nullptr;
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+};
+
+// The parameters in the model's matrices (embeddings once when tied).
+inline int64_t MatrixParameters(const model::ModelConfig& c) {
+  const int64_t H = c.hidden_size, q = int64_t{c.num_heads} * c.head_dim,
+                kv = int64_t{c.num_kv_heads} * c.head_dim, I = c.intermediate_size;
+  return int64_t{c.vocab_size} * H * (c.tied_embeddings ? 1 : 2) +
+         c.num_layers * (q * H + 2 * kv * H + H * q + 3 * I * H);
+}
+
+inline GemmType ResolveWeights(GpuWeights w, const model::ModelConfig& c) {
+  switch (w) {
+    case GpuWeights::kBf16:
+      return GemmType::kBf16;
+    case GpuWeights::kFp16:
+      return GemmType::kFp16;
+    case GpuWeights::kFp32:
+      return GemmType::kFp32;
+    case GpuWeights::kAuto:
+      break;
+  }
+  return MatrixParameters(c) * 4 <= (int64_t{2} << 30) ? GemmType::kFp32 : GemmType::kBf16;
+}
+
+inline const char* GemmTypeName(GemmType t) {
+  switch (t) {
+    case GemmType::kBf16:
+      return "bf16";
+    case GemmType::kFp16:
+      return "fp16";
+    case GemmType::kFp32:
+      break;
+  }
+  return "fp32";
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const model::LoadedModel& model, const RotationSet& rotations, KvCache* cache,
+              const CudaBackendOptions& options)
+      : model_(model),
+        cfg_(model.config),
+        rot_(rotations),
+        cache_(cache),
+        options_(options),
+        device_(options.device),
+        type_(ResolveWeights(options.weights, model.config)),
+        sampler_(options.device) {}
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    for (auto& [b, exec] : decode_graphs_) cudaGraphExecDestroy(exec);
+    if (start_) cudaEventDestroy(start_);
+    if (stop_) cudaEventDestroy(stop_);
+    if (blas_) blas_lib_->destroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (pinned_) cudaFreeHost(pinned_);
+  }
+
+  absl::Status Init();
+  int vocab_size() const override { return cfg_.vocab_size; }
+  ForwardTiming last_timing() const override { return timing_; }
+  DevicePageAccess* device_page_access() override { return page_access_.get(); }
+  std::string Describe() const override {
+    absl::StatusOr<std::string> d = DescribeCudaDevice(device_);
+    return absl::StrCat(d.ok() ? *d : absl::StrCat("cuda:", device_), ", ", GemmTypeName(type_),
+                        " weights");
+  }
+  absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
+                       ForwardObserver* observer) override;
+  bool samples_on_device() const override { return options_.device_sampling; }
+  absl::Status ForwardAndSample(const std::vector<ForwardItem>& batch,
+                                const std::vector<const DeviceDraw*>& draws, bool host_logits,
+                                std::vector<float>* logits,
+                                std::vector<DeviceSampled>* sampled) override {
+    if (draws.size() != batch.size()) {
+      return absl::InternalError("ForwardAndSample: one draw (or none) per item");
+    }
+    return Run(batch, &draws, host_logits, logits, sampled);
+  }
+
+ private:
+  struct Plan;  // one forward pass's device arrays
+  // A pass; then the draws (one per item, or null: no device sampling) and the logits' copy.
+  absl::Status Run(const std::vector<ForwardItem>& batch,
+                   const std::vector<const DeviceDraw*>* draws, bool host_logits,
+                   std::vector<float>* logits, std::vector<DeviceSampled>* sampled);
+  absl::Status UploadWeights();
+  absl::Status AllocateActivations();
+  // y fp32 [rows][out] (+)= x [rows][in] · Wᵀ, W [out][in], x and W in type_.
+  absl::Status Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
+                    bool accumulate);
+  absl::Status Layer(int layer, const Plan& plan);
+  // q_, k_, v_ from hn_: the projections, their biases, q/k norms and RoPE.
+  absl::Status AttentionInputs(const LayerDeviceWeights& w, int T);
+  // x_ += the MLP of hn_.
+  absl::Status Mlp(const LayerDeviceWeights& w, int T);
+  // Every launch of a pass, from the embedding to the logits GEMM (what a graph captures).
+  absl::Status RunPass(const Plan& plan);
+
+  const model::LoadedModel& model_;
+  const model::ModelConfig& cfg_;
+  const RotationSet& rot_;
+  KvCache* cache_;
+  const CudaBackendOptions options_;
+  const int device_;
+  const GemmType type_;
+  int num_sms_ = 0;
+  int decode_ctas_per_sm_ = 1;
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CudaDevicePageAccess> page_access_;
+  const CublasLibrary* blas_lib_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DeviceBuffer blas_workspace_;
+
+  DeviceBuffer matrices_;       // every matrix, in type_
+  DeviceBuffer float_weights_;  // norms and biases, fp32
+  const void* embedding_ = nullptr;
+  const void* lm_head_ = nullptr;
+  const float* output_norm_ = nullptr;
+  std::vector<LayerDeviceWeights> layers_;
+  DeviceBuffer rotations_;  // k then v: [layers][kv_heads][d][d] each; empty for identity
+  DeviceBuffer clips_;      // [layers][2][kv_heads]
+
+  // Activations for max_step_tokens tokens.
+  DeviceBuffer x_, hn_, qkv_, q_, k_, v_, qr_, attn_, o_, o_half_, gate_, up_, act_, cos_, sin_;
+  DeviceBuffer decode_q_, decode_q_half_, decode_out_, split_workspace_;
+  DeviceBuffer final_rows_, final_half_, logits_;
+  DeviceBuffer metadata_;
+  uint8_t* pinned_ = nullptr;  // staging for the metadata copy
+  size_t pinned_bytes_ = 0;
+  Metadata meta_;
+  int64_t max_split_workspace_ = 0;
+  int max_logit_rows_ = 0;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  ForwardTiming timing_;
+  // Decode steps of B sequences, captured once per history bucket and replayed:
+  // (B, history pages planned for) -> graph.
+  std::map<std::pair<int, int>, cudaGraphExec_t> decode_graphs_;
+  DeviceSampler sampler_;
+};
+
+// Where one forward pass's arrays are on the device, and the counts the launches need.
+struct CudaBackend::Plan {
+  int tokens = 0;
+  const int32_t* ids = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* append_slot = nullptr;
+  const int32_t* append_row = nullptr;
+  int demote_pages = 0;                     // pages to demote, or the most (graph steps)
+  const int32_t* demote_count = nullptr;    // graph steps: the number to demote, on the device
+  const int32_t* demote_src = nullptr;
+  const int32_t* demote_dst = nullptr;
+  // Chunk attention: every item of the BF16 format, prefill items of the split formats.
+  kernels::ChunkAttentionParams chunk;
+  // Split decode: single-token items of the split formats.
+  int decode_items = 0;
+  const int32_t* decode_rows = nullptr;  // their rows in the batch
+  kernels::SplitDecodeCudaParams decode;
+  kernels::SplitDecodePlan decode_plan;
+  int logit_rows = 0;
+  const int32_t* logit_row_ids = nullptr;
+};
+
+}  // namespace kvstrata::engine::cuda_internal

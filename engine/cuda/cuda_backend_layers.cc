@@ -1,0 +1,260 @@
+// The launches of one forward pass of the CUDA backend: the embedding, each layer (norms, GEMMs,
+// the per-head steps, the KV append and demotion, attention, the MLP) and the logits. What a
+// decode step's CUDA graph captures; the pass's plan comes from cuda_backend.cc.
+
+#include "core/status_macros.h"
+#include "engine/cuda/cuda_backend_internal.h"
+#include "kernels/cuda/append.h"
+#include "kernels/cuda/gemv.h"
+
+namespace kvstrata::engine::cuda_internal {
+
+absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
+                               bool accumulate) {
+  // A decode step of a few sequences reads each weight once: a GEMV streams it faster.
+  if (options_.small_batch_gemv && kernels::GemvSupports(rows, in, type_, x, w)) {
+    kernels::GemvVariant variant;
+    variant.one_wave = variant.overlap_previous = options_.gemv_overlap;
+    KV_CUDA_RETURN_IF_ERROR(
+        kernels::Gemv(x, rows, in, w, out, y, accumulate, type_, stream_, variant), "Gemv");
+    return absl::OkStatus();
+  }
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType_t t = type_ == GemmType::kBf16   ? CUDA_R_16BF
+                           : type_ == GemmType::kFp16 ? CUDA_R_16F
+                                                      : CUDA_R_32F;
+  KV_CUBLAS_RETURN_IF_ERROR(
+      blas_lib_->gemm_ex(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, t, in, x, t, in,
+                   &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunPass(const Plan& plan) {
+  const int T = plan.tokens, H = cfg_.hidden_size;
+  KV_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(embedding_, type_, cfg_.vocab_size, H,
+                                                   plan.ids, T, x_.as<float>(), stream_),
+                          "EmbeddingGather");
+  KV_CUDA_RETURN_IF_ERROR(kernels::RopeTables(plan.positions, T, cfg_.head_dim, cfg_.rope_theta,
+                                              cos_.as<float>(), sin_.as<float>(), stream_),
+                          "RopeTables");
+  for (int layer = 0; layer < cfg_.num_layers; ++layer) KV_RETURN_IF_ERROR(Layer(layer, plan));
+  // Logits of the requested rows.
+  const int R = plan.logit_rows;
+  KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(x_.as<float>(), H, plan.logit_row_ids, R,
+                                              final_rows_.as<float>(), stream_),
+                          "GatherRows");
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(final_rows_.as<float>(), H, R, H, output_norm_,
+                                             cfg_.rms_norm_eps, final_half_.as<void>(), type_,
+                                             stream_),
+                          "RmsNormTo");
+  return Gemm(final_half_.as<void>(), R, H, lm_head_, cfg_.vocab_size, logits_.as<float>(),
+              /*accumulate=*/false);
+}
+
+absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
+  const LayerDeviceWeights& w = layers_[layer];
+  const int T = plan.tokens, H = cfg_.hidden_size, d = cfg_.head_dim;
+  const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, group = nh / nkv;
+  const int qdim = nh * d;
+  const GemmType ht = type_;
+  const float eps = cfg_.rms_norm_eps;
+  const kernels::KvGeometry& geo = cache_->geometry();
+
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.attn_norm, eps,
+                                             hn_.as<void>(), ht, stream_),
+                          "RmsNormTo");
+  KV_RETURN_IF_ERROR(AttentionInputs(w, T));
+  const int64_t per_layer = int64_t{nkv} * d * d;
+  const int64_t all_layers = int64_t{cfg_.num_layers} * per_layer;
+  const float* rk = rot_.identity ? nullptr : rotations_.as<float>() + layer * per_layer;
+  const float* rv =
+      rot_.identity ? nullptr : rotations_.as<float>() + all_layers + layer * per_layer;
+  // q·R_K of its KV head.
+  const float* qr = q_.as<float>();
+  if (rk) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeads(q_.as<float>(), T, nh, d, rk, group,
+                                                 /*transpose=*/false, qr_.as<float>(), stream_),
+                            "RotateHeads");
+    qr = qr_.as<float>();
+  }
+  // This layer's K'/V' into the BF16 pages: the launch sees one layer (its pools offset to it).
+  kernels::KvGeometry one_layer = geo;
+  one_layer.num_layers = 1;
+  const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
+  {
+    kernels::AppendParams a;
+    a.k_f32 = k_.as<float>();
+    a.v_f32 = v_.as<float>();
+    a.num_tokens = T;
+    a.k_rotation = rk;
+    a.v_rotation = rv;
+    a.slot = plan.append_slot;
+    a.row = plan.append_row;
+    a.bf16_pool = const_cast<uint8_t*>(cache_->bf16_pool().base()) + layer * 2 * nkv * bf16_block;
+    a.slot_stride = cache_->bf16_pool().slot_bytes();
+    a.geometry = one_layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::AppendRotatedRows(a, stream_), "AppendRotatedRows");
+  }
+  if (plan.demote_pages > 0) {
+    const int64_t int2_block = kernels::BlockBytes(geo, cache_->int2_encoding());
+    kernels::DemoteParams dp;
+    dp.bf16_pool = cache_->bf16_pool().base() + layer * 2 * nkv * bf16_block;
+    dp.bf16_stride = cache_->bf16_pool().slot_bytes();
+    dp.int2_pool = const_cast<uint8_t*>(cache_->int2_pool()->base()) + layer * 2 * nkv * int2_block;
+    dp.int2_stride = cache_->int2_pool()->slot_bytes();
+    dp.src_slot = plan.demote_src;
+    dp.dst_slot = plan.demote_dst;
+    dp.num_pages = plan.demote_pages;
+    dp.num_pages_device = plan.demote_count;
+    dp.clip = clips_.as<float>() + layer * 2 * nkv;
+    dp.geometry = one_layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");
+  }
+  // Attention, in rotated value space, into attn_. A pass of decode rows only, with no rotation
+  // back, scatters them straight into the Wo GEMM's operand.
+  const bool o_is_rows = options_.fused_layer_ops && plan.chunk.num_items == 0 && rv == nullptr &&
+                         plan.decode_items == T;
+  if (plan.chunk.num_items > 0) {
+    kernels::ChunkAttentionParams c = plan.chunk;
+    c.q = qr;
+    c.layer = layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::LaunchChunkAttention(c, stream_), "LaunchChunkAttention");
+  }
+  if (plan.decode_items > 0) {
+    const int nd = plan.decode_items;
+    if (options_.fused_layer_ops) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::GatherRowsTo(qr, qdim, plan.decode_rows, nd,
+                                                    decode_q_half_.as<void>(), GemmType::kBf16,
+                                                    stream_),
+                              "GatherRowsTo");
+    } else {
+      KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(qr, qdim, plan.decode_rows, nd,
+                                                  decode_q_.as<float>(), stream_),
+                              "GatherRows");
+      KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(decode_q_.as<float>(), int64_t{nd} * qdim,
+                                                    decode_q_half_.as<void>(), GemmType::kBf16,
+                                                    stream_),
+                              "ConvertFloat");
+    }
+    kernels::SplitDecodeCudaParams dpar = plan.decode;
+    dpar.layer = layer;
+    KV_CUDA_RETURN_IF_ERROR(kernels::LaunchSplitDecode(dpar, plan.decode_plan,
+                                                       split_workspace_.as<void>(), stream_),
+                            "LaunchSplitDecode");
+    if (o_is_rows) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRowsTo(decode_out_.as<float>(), qdim,
+                                                     plan.decode_rows, nd, o_half_.as<void>(), ht,
+                                                     stream_),
+                              "ScatterRowsTo");
+    } else {
+      KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRows(decode_out_.as<float>(), qdim,
+                                                   plan.decode_rows, nd, attn_.as<float>(),
+                                                   stream_),
+                              "ScatterRows");
+    }
+  }
+  // Back from rotated value space, o = o'·R_Vᵀ, then x += o·Woᵀ.
+  if (o_is_rows) {
+    // The decode rows went straight into o_half_.
+  } else if (rv && options_.fused_layer_ops) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeadsTo(attn_.as<float>(), T, nh, d, rv, group,
+                                                   /*transpose=*/true, o_half_.as<void>(), ht,
+                                                   stream_),
+                            "RotateHeadsTo");
+  } else {
+    const float* o = attn_.as<float>();
+    if (rv) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::RotateHeads(attn_.as<float>(), T, nh, d, rv, group,
+                                                   /*transpose=*/true, o_.as<float>(), stream_),
+                              "RotateHeads");
+      o = o_.as<float>();
+    }
+    KV_CUDA_RETURN_IF_ERROR(kernels::ConvertFloat(o, int64_t{T} * qdim, o_half_.as<void>(), ht,
+                                                  stream_),
+                            "ConvertFloat");
+  }
+  KV_RETURN_IF_ERROR(Gemm(o_half_.as<void>(), T, qdim, w.wo, H, x_.as<float>(), true));
+  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.ffn_norm, eps,
+                                             hn_.as<void>(), ht, stream_),
+                          "RmsNormTo");
+  return Mlp(w, T);
+}
+
+absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T) {
+  const int H = cfg_.hidden_size, d = cfg_.head_dim;
+  const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
+  const int qdim = nh * d, kvdim = nkv * d;
+  const float eps = cfg_.rms_norm_eps;
+  const bool interleaved = cfg_.rope_layout == model::RopeLayout::kInterleaved;
+  if (options_.fused_layer_ops) {
+    // wq, wk and wv lie back to back (UploadWeights): one GEMM, then one launch for the heads.
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim + 2 * kvdim, qkv_.as<float>(), false));
+    kernels::QkvHeadsParams p;
+    p.qkv = qkv_.as<float>();
+    p.tokens = T;
+    p.q_heads = nh;
+    p.kv_heads = nkv;
+    p.head_dim = d;
+    p.bq = w.bq;
+    p.bk = w.bk;
+    p.bv = w.bv;
+    if (cfg_.qk_norm) {
+      p.q_norm = w.q_norm;
+      p.k_norm = w.k_norm;
+    }
+    p.eps = eps;
+    p.cos = cos_.as<float>();
+    p.sin = sin_.as<float>();
+    p.interleaved = interleaved;
+    p.q = q_.as<float>();
+    p.k = k_.as<float>();
+    p.v = v_.as<float>();
+    KV_CUDA_RETURN_IF_ERROR(kernels::SplitQkvHeads(p, stream_), "SplitQkvHeads");
+    return absl::OkStatus();
+  }
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim, q_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wk, kvdim, k_.as<float>(), false));
+  KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wv, kvdim, v_.as<float>(), false));
+  if (w.bq) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(q_.as<float>(), T, qdim, w.bq, stream_), "AddBias");
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(k_.as<float>(), T, kvdim, w.bk, stream_), "AddBias");
+    KV_CUDA_RETURN_IF_ERROR(kernels::AddBias(v_.as<float>(), T, kvdim, w.bv, stream_), "AddBias");
+  }
+  if (cfg_.qk_norm) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(q_.as<float>(), T * nh, d, w.q_norm, eps,
+                                                    stream_),
+                            "RmsNormInPlace");
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormInPlace(k_.as<float>(), T * nkv, d, w.k_norm, eps,
+                                                    stream_),
+                            "RmsNormInPlace");
+  }
+  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(q_.as<float>(), T, nh, d, cos_.as<float>(),
+                                             sin_.as<float>(), interleaved, stream_),
+                          "ApplyRope");
+  KV_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(k_.as<float>(), T, nkv, d, cos_.as<float>(),
+                                             sin_.as<float>(), interleaved, stream_),
+                          "ApplyRope");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Mlp(const LayerDeviceWeights& w, int T) {
+  const int H = cfg_.hidden_size, inter = cfg_.intermediate_size;
+  if (options_.fused_layer_ops) {
+    // w_gate and w_up lie back to back: one GEMM gives each row's [gate | up].
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, 2 * inter, gate_.as<float>(), false));
+    KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), gate_.as<float>() + inter, T,
+                                              inter, 2 * int64_t{inter}, act_.as<void>(), type_,
+                                              stream_),
+                            "SwiGluTo");
+  } else {
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, inter, gate_.as<float>(), false));
+    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_up, inter, up_.as<float>(), false));
+    KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), up_.as<float>(), T, inter, inter,
+                                              act_.as<void>(), type_, stream_),
+                            "SwiGluTo");
+  }
+  return Gemm(act_.as<void>(), T, inter, w.w_down, H, x_.as<float>(), true);
+}
+
+}  // namespace kvstrata::engine::cuda_internal
