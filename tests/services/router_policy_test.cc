@@ -166,6 +166,36 @@ TEST(PrefixIndexTest, RemovalAndForgettingAWorker) {
   EXPECT_EQ(index.size(), 4u);
 }
 
+TEST(PrefixIndexTest, KeepsEachKvstoreNodesPagesApart) {
+  PrefixIndex index;
+  const std::vector<PageKey> req = Chain(1, 6);
+  index.OnStoreStored("kv-a", std::span(req).first(5));
+  index.OnStoreStored("kv-b", std::span(req).first(3));
+  index.OnStoreStored("kv-b", Chain(2, 4));
+  PrefixMatch m = index.Match(req);
+  EXPECT_EQ(m.store_pages, 5);
+  EXPECT_THAT(m.store_node_pages, UnorderedElementsAre(Pair("kv-a", 5), Pair("kv-b", 3)));
+  EXPECT_THAT(m.worker_pages, IsEmpty());
+  EXPECT_EQ(m.StoreNodePages(""), 0);
+  EXPECT_EQ(m.StoreNodePages("kv-c"), 0);
+
+  // Removal on one node leaves the other's copy, and the store as a whole still holds it.
+  index.OnStoreRemoved("kv-a", std::span(req).subspan(1));
+  index.OnStoreRemoved("kv-c", req);  // an unknown node: a no-op
+  m = index.Match(req);
+  EXPECT_EQ(m.store_pages, 3);
+  EXPECT_THAT(m.store_node_pages, UnorderedElementsAre(Pair("kv-a", 1), Pair("kv-b", 3)));
+
+  // A chain split over two nodes: the store as a whole holds its leading run (any worker can
+  // fetch from either node); each node only the part it holds from page 0.
+  PrefixIndex split;
+  split.OnStoreStored("kv-a", std::span(req).first(2));
+  split.OnStoreStored("kv-b", std::span(req).subspan(2, 2));
+  m = split.Match(req);
+  EXPECT_EQ(m.store_pages, 4);
+  EXPECT_THAT(m.store_node_pages, UnorderedElementsAre(Pair("kv-a", 2)));
+}
+
 TEST(PrefixIndexTest, ForgetsLeastRecentlyUsedChainsFromTheLeaves) {
   PrefixIndex index({/*max_keys=*/4});
   index.OnWorkerStored("w", Chain(1, 3));
@@ -357,6 +387,123 @@ TEST(RoutingPolicyTest, PrefixAffinityDiscountsWhatTheKvstoreHolds) {
   dear.prefix_affinity.fetch_cost_ratio = 1.0;
   EXPECT_EQ(Make("prefix-affinity", dear)->Route(Request(keys), workers, with_store)->worker_id,
             "b");
+}
+
+// Workers on the GPUs of kvstore nodes kv-a and kv-b (one each), and one on neither.
+std::vector<WorkerInfo> ColocatedWorkers(int64_t qa, int64_t qb, int64_t qc) {
+  std::vector<WorkerInfo> workers = {Worker("a", qa), Worker("b", qb), Worker("c", qc)};
+  workers[0].colocated_kvstore = "kv-a";
+  workers[1].colocated_kvstore = "kv-b";
+  return workers;
+}
+
+TEST(RoutingPolicyTest, PrefixAffinityPrefersTheWorkerOnTheNodeHoldingThePrefix) {
+  auto policy = Make("prefix-affinity");
+  const std::vector<PageKey> on_b = Chain(1, 8), on_a = Chain(2, 8);
+  PrefixIndex index;
+  index.OnStoreStored("kv-b", on_b);
+  index.OnStoreStored("kv-a", on_a);
+  const std::vector<WorkerInfo> workers = ColocatedWorkers(2, 2, 2);
+
+  // Equal load: the prefix on kv-b goes to b, the one on kv-a to a, the node's pages counted.
+  RouteDecision d = *policy->Route(Request(on_b, 10), workers, index);
+  EXPECT_EQ(d.worker_id, "b");
+  EXPECT_EQ(d.reason, RouteReason::kColocated);
+  EXPECT_EQ(d.local_pages, 0);
+  EXPECT_EQ(d.store_pages, 8);
+  EXPECT_EQ(d.colocated_store_pages, 8);
+  d = *policy->Route(Request(on_a, 10), workers, index);
+  EXPECT_EQ(d.worker_id, "a");
+  EXPECT_EQ(d.colocated_store_pages, 8);
+
+  // The preference is r − r_c = 0.09 of the prompt's share in the store; one more request on b
+  // (a relative load penalty of 0.5 × 1 / 2.33) outweighs it, as load did before.
+  d = *policy->Route(Request(on_b, 10), ColocatedWorkers(2, 3, 2), index);
+  EXPECT_EQ(d.worker_id, "a");
+  EXPECT_EQ(d.colocated_store_pages, 0);
+  EXPECT_EQ(d.store_pages, 8);
+
+  // r_c = r: a co-located page costs what any fetch does; the tie goes by id, as without it.
+  RoutingPolicyOptions flat;
+  flat.prefix_affinity.colocated_fetch_cost_ratio = flat.prefix_affinity.fetch_cost_ratio;
+  EXPECT_EQ(Make("prefix-affinity", flat)->Route(Request(on_b, 10), workers, index)->worker_id,
+            "a");
+
+  // The other policies choose as before but report the co-located pages of their choice.
+  std::vector<WorkerInfo> b_idle = ColocatedWorkers(2, 0, 2);
+  d = *Make("least-load")->Route(Request(on_b), b_idle, index);
+  EXPECT_EQ(d.worker_id, "b");
+  EXPECT_EQ(d.colocated_store_pages, 8);
+  EXPECT_EQ(d.reason, RouteReason::kLeastLoad);
+}
+
+TEST(RoutingPolicyTest, PrefixAffinityLocalHitStillBeatsTheColocatedNode) {
+  auto policy = Make("prefix-affinity");
+  const std::vector<PageKey> keys = Chain(1, 8);
+  PrefixIndex index;
+  index.OnStoreStored("kv-b", keys);
+  index.OnWorkerStored("c", keys);  // c, on no node's GPU, holds the whole prefix itself
+  RouteDecision d = *policy->Route(Request(keys, 10), ColocatedWorkers(2, 2, 2), index);
+  EXPECT_EQ(d.worker_id, "c");
+  EXPECT_EQ(d.reason, RouteReason::kAffinity);
+  EXPECT_EQ(d.local_pages, 8);
+  EXPECT_EQ(d.store_pages, 0);
+  EXPECT_EQ(d.colocated_store_pages, 0);
+
+  // b holding some pages itself and fetching the rest from its node predicts both.
+  index.OnWorkerStored("b", std::span(keys).first(3));
+  index.OnWorkerRemoved("c", keys);
+  d = *policy->Route(Request(keys, 10), ColocatedWorkers(2, 2, 2), index);
+  EXPECT_EQ(d.worker_id, "b");
+  EXPECT_EQ(d.reason, RouteReason::kAffinity);
+  EXPECT_EQ(d.local_pages, 3);
+  EXPECT_EQ(d.store_pages, 5);
+  EXPECT_EQ(d.colocated_store_pages, 5);
+}
+
+TEST(RoutingPolicyTest, PrefixAffinityWithoutColocationChoosesAsBefore) {
+  auto policy = Make("prefix-affinity");
+  const std::vector<PageKey> keys = Chain(1, 8);
+  // The same pages in a store of one unnamed node (today's view) and on node kv-b.
+  PrefixIndex unnamed, per_node;
+  unnamed.OnStoreStored(keys);
+  per_node.OnStoreStored("kv-b", keys);
+  unnamed.OnWorkerStored("b", std::span(keys).first(2));
+  per_node.OnWorkerStored("b", std::span(keys).first(2));
+  for (int64_t qb : {0, 1, 2, 3, 6}) {
+    // No worker knows a co-located node, or only of a node that holds nothing of the prompt.
+    std::vector<WorkerInfo> none = {Worker("a", 2), Worker("b", qb), Worker("c", 1)};
+    std::vector<WorkerInfo> elsewhere = none;
+    elsewhere[0].colocated_kvstore = "kv-a";
+    const RouteDecision before = *policy->Route(Request(keys, 10), none, unnamed);
+    for (const auto* workers : {&none, &elsewhere}) {
+      const RouteDecision d = *policy->Route(Request(keys, 10), *workers, per_node);
+      EXPECT_EQ(d.worker_id, before.worker_id) << qb;
+      EXPECT_EQ(d.reason, before.reason) << qb;
+      EXPECT_EQ(d.store_pages, before.store_pages) << qb;
+      EXPECT_EQ(d.colocated_store_pages, 0) << qb;
+    }
+  }
+  // And that choice is the one the formula gives without a co-located term: c (q = 1) while b
+  // is busier than it, b once b is as idle (its 2 local pages).
+  EXPECT_EQ(policy->Route(Request(keys, 10),
+                          std::vector<WorkerInfo>{Worker("a", 2), Worker("b", 3), Worker("c", 1)},
+                          per_node)->worker_id,
+            "c");
+  EXPECT_EQ(policy->Route(Request(keys, 10),
+                          std::vector<WorkerInfo>{Worker("a", 2), Worker("b", 1), Worker("c", 1)},
+                          per_node)->worker_id,
+            "b");
+
+  RoutingPolicyOptions bad;
+  bad.prefix_affinity.colocated_fetch_cost_ratio = 0.2;  // above r = 0.1
+  auto refused = MakeRoutingPolicy("prefix-affinity", bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              testing::HasSubstr("colocated_fetch_cost_ratio"));
+  bad.prefix_affinity.colocated_fetch_cost_ratio = -0.01;
+  EXPECT_EQ(MakeRoutingPolicy("prefix-affinity", bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // --- Simulation ---
