@@ -155,11 +155,8 @@ class PrefixAffinityPolicy final : public RoutingPolicy {
     auto saved_pages_with = [&](const WorkerInfo& w, bool colocated) {
       const double l = static_cast<double>(match.WorkerPages(w.id));
       const double fetched = std::max(0.0, s - l);
-      const double near =
-          colocated ? std::min(fetched, std::max(0.0, static_cast<double>(match.StoreNodePages(
-                                                           w.colocated_kvstore)) -
-                                                           l))
-                    : 0.0;
+      const double c = static_cast<double>(match.StoreNodePages(w.colocated_kvstore));
+      const double near = colocated ? std::min(fetched, std::max(0.0, c - l)) : 0.0;
       const double cost = (num_pages - std::max(l, s)) +
                           options_.fetch_cost_ratio * (fetched - near) +
                           options_.colocated_fetch_cost_ratio * near;
