@@ -402,6 +402,9 @@ v1::RegisterWorkerRequest DecodeService::WorkerDescription(const std::string& ad
   r.set_local_page_capacity_bytes(
       static_cast<uint64_t>(local_pages_ != nullptr ? options_.local_cache_bytes : 0));
   *r.mutable_limits() = Limits();
+  // Only when this worker asks kvstores for their pool: otherwise a store on its GPU would
+  // still send pages by gRPC, and the router must not count them as near.
+  if (same_gpu_ != nullptr && same_gpu_->enabled()) r.set_same_gpu_uuid(same_gpu_->gpu_uuid());
   return r;
 }
 

@@ -40,6 +40,9 @@ class SameGpuPools {
   ~SameGpuPools();
 
   bool enabled() const { return enabled_; }
+  // The worker's GPU ("GPU-..."), as sent in DeviceInfo.gpu_uuid; empty on a CPU worker. What
+  // the worker registers as same_gpu_uuid while enabled().
+  const std::string& gpu_uuid() const { return gpu_uuid_; }
   // This worker's device and the transports it takes, in its order.
   void Describe(v1::OpenTransferRequest* request) const;
   // The answer's pages (a compact answer: placements only) as device pages in the mapped pool,

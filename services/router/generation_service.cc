@@ -355,6 +355,8 @@ RouterService::Attempt RouterService::RelayFrom(const RouteDecision& decision,
       m.prompt_tokens.With({"kvstore"}).Increment(u.cached_kvstore_tokens());
       m.prompt_tokens.With({"none"}).Increment(u.uncached_tokens() + u.recomputed_tokens());
       m.predicted_cached_tokens.Get().Increment(static_cast<double>(predicted));
+      m.predicted_colocated_tokens.Get().Increment(
+          static_cast<double>(decision.colocated_store_pages * page_tokens));
       m.generated_tokens.Get().Increment(u.completion_tokens());
       const int64_t error = actual - predicted;
       if (error >= page_tokens) m.mispredictions.With({"under"}).Increment();
@@ -362,11 +364,12 @@ RouterService::Attempt RouterService::RelayFrom(const RouteDecision& decision,
       if (r.options_.log_requests) {
         fprintf(stderr,
                 "kvstrata-router: request %s -> %s (%s): prompt %u tokens, predicted cached "
-                "%lld (local %lld, kvstore %lld), actual %lld (local %u, kvstore %u), "
-                "generated %u, %.0f ms\n",
+                "%lld (local %lld, kvstore %lld of which co-located %lld), actual %lld (local "
+                "%u, kvstore %u), generated %u, %.0f ms\n",
                 request_id.c_str(), decision.worker_id.c_str(), RouteReasonName(decision.reason),
                 u.prompt_tokens(), static_cast<long long>(predicted),
                 static_cast<long long>(predicted_local), static_cast<long long>(predicted_store),
+                static_cast<long long>(decision.colocated_store_pages * page_tokens),
                 static_cast<long long>(actual), u.cached_local_tokens(), u.cached_kvstore_tokens(),
                 u.completion_tokens(), absl::ToDoubleMilliseconds(now - start));
       }

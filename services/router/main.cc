@@ -67,6 +67,10 @@ ABSL_FLAG(double, load_bound, 1.25,
           "prefix-affinity: no worker takes more than this times the average load (>= 1).");
 ABSL_FLAG(double, fetch_cost_ratio, 0.1,
           "prefix-affinity: cost of fetching a page from the kvstore / computing it, in [0, 1].");
+ABSL_FLAG(double, colocated_fetch_cost_ratio, -1,
+          "prefix-affinity: the same cost for a page on the kvstore node on the worker's own GPU "
+          "(the same-GPU transport), in [0, --fetch_cost_ratio]; negative: --fetch_cost_ratio / "
+          "10 (docs/routing.md#co-located-kvstore).");
 ABSL_FLAG(uint32_t, deadline_margin_ms, 50,
           "How long before a client's deadline the router ends its stream (finish_reason "
           "DEADLINE when output began): workers get the deadline less this.");
@@ -164,12 +168,16 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
   o.policy = absl::GetFlag(FLAGS_policy);
   o.policy_options.prefix_affinity.load_bound = absl::GetFlag(FLAGS_load_bound);
   o.policy_options.prefix_affinity.fetch_cost_ratio = absl::GetFlag(FLAGS_fetch_cost_ratio);
+  const double colocated = absl::GetFlag(FLAGS_colocated_fetch_cost_ratio);
+  o.policy_options.prefix_affinity.colocated_fetch_cost_ratio =
+      colocated < 0 ? absl::GetFlag(FLAGS_fetch_cost_ratio) / 10 : colocated;
   if (absl::StatusOr<std::unique_ptr<RoutingPolicy>> p =
           MakeRoutingPolicy(o.policy, o.policy_options);
       !p.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--policy=", o.policy,
                                                    " (with --load_bound, "
-                                                   "--fetch_cost_ratio): ",
+                                                   "--fetch_cost_ratio, "
+                                                   "--colocated_fetch_cost_ratio): ",
                                                    p.status().message()));
   }
   for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipEmpty())) {

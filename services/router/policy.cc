@@ -35,6 +35,9 @@ RouteDecision DecisionFor(const WorkerInfo& worker, const PrefixMatch& match, Ro
   d.address = worker.address;
   d.local_pages = match.WorkerPages(worker.id);
   d.store_pages = std::max<int64_t>(0, match.store_pages - d.local_pages);
+  d.colocated_store_pages = std::min<int64_t>(
+      d.store_pages,
+      std::max<int64_t>(0, match.StoreNodePages(worker.colocated_kvstore) - d.local_pages));
   d.reason = reason;
   return d;
 }
@@ -148,12 +151,18 @@ class PrefixAffinityPolicy final : public RoutingPolicy {
     const double s = static_cast<double>(match.store_pages);
     const double tokens = std::max<double>(1.0, static_cast<double>(request.prompt_tokens));
 
-    auto saved_pages = [&](const WorkerInfo& w) {
+    // `colocated`: count the pages on w's co-located node at r_c (else all fetches at r).
+    auto saved_pages_with = [&](const WorkerInfo& w, bool colocated) {
       const double l = static_cast<double>(match.WorkerPages(w.id));
-      const double cost =
-          (num_pages - std::max(l, s)) + options_.fetch_cost_ratio * std::max(0.0, s - l);
+      const double fetched = std::max(0.0, s - l);
+      const double c = static_cast<double>(match.StoreNodePages(w.colocated_kvstore));
+      const double near = colocated ? std::min(fetched, std::max(0.0, c - l)) : 0.0;
+      const double cost = (num_pages - std::max(l, s)) +
+                          options_.fetch_cost_ratio * (fetched - near) +
+                          options_.colocated_fetch_cost_ratio * near;
       return num_pages - cost;
     };
+    auto saved_pages = [&](const WorkerInfo& w) { return saved_pages_with(w, true); };
     auto score = [&](const WorkerInfo& w) {
       return saved_pages(w) * static_cast<double>(request.page_tokens) / tokens -
              options_.load_weight * (static_cast<double>(w.load.requests()) - mean_q) /
@@ -187,9 +196,17 @@ class PrefixAffinityPolicy final : public RoutingPolicy {
     if (best_eligible != best_any && score_any > score_eligible) {
       reason = RouteReason::kLoadBalance;
     } else {
+      double min_local = saved_pages_with(workers[0], false);
       double min_saved = saved_pages(workers[0]);
-      for (const WorkerInfo& w : workers) min_saved = std::min(min_saved, saved_pages(w));
-      if (saved_pages(chosen) > min_saved) reason = RouteReason::kAffinity;
+      for (const WorkerInfo& w : workers) {
+        min_local = std::min(min_local, saved_pages_with(w, false));
+        min_saved = std::min(min_saved, saved_pages(w));
+      }
+      if (saved_pages_with(chosen, false) > min_local) {
+        reason = RouteReason::kAffinity;
+      } else if (saved_pages(chosen) > min_saved) {
+        reason = RouteReason::kColocated;
+      }
     }
     return DecisionFor(chosen, match, reason);
   }
@@ -212,6 +229,8 @@ const char* RouteReasonName(RouteReason reason) {
       return "load_balance";
     case RouteReason::kSmallestCache:
       return "smallest_cache";
+    case RouteReason::kColocated:
+      return "colocated";
   }
   return "unknown";
 }
@@ -250,6 +269,12 @@ absl::StatusOr<std::unique_ptr<RoutingPolicy>> MakeRoutingPolicy(
     if (!(o.fetch_cost_ratio >= 0 && o.fetch_cost_ratio <= 1)) {
       return absl::InvalidArgumentError(
           absl::StrCat("fetch_cost_ratio must be in [0, 1], got ", o.fetch_cost_ratio));
+    }
+    if (!(o.colocated_fetch_cost_ratio >= 0 &&
+          o.colocated_fetch_cost_ratio <= o.fetch_cost_ratio)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "colocated_fetch_cost_ratio must be in [0, fetch_cost_ratio = ", o.fetch_cost_ratio,
+          "], got ", o.colocated_fetch_cost_ratio));
     }
     return std::make_unique<PrefixAffinityPolicy>(o);
   }

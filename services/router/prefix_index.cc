@@ -8,13 +8,24 @@ namespace kvstrata::router {
 
 PrefixIndex::PrefixIndex(const PrefixIndexOptions& options) : options_(options) {
   KV_CHECK(options_.max_keys > 0);
-  holder_names_.push_back("");  // kStoreHolder
 }
 
 PrefixIndex::HolderId PrefixIndex::HolderFor(absl::string_view worker_id) {
   auto [it, inserted] =
       holder_ids_.try_emplace(worker_id, static_cast<HolderId>(holder_names_.size()));
-  if (inserted) holder_names_.emplace_back(worker_id);
+  if (inserted) {
+    holder_names_.emplace_back(worker_id);
+    holder_is_store_.push_back(false);
+  }
+  return it->second;
+}
+
+PrefixIndex::HolderId PrefixIndex::StoreHolderFor(absl::string_view node) {
+  auto [it, inserted] = store_ids_.try_emplace(node, static_cast<HolderId>(holder_names_.size()));
+  if (inserted) {
+    holder_names_.emplace_back(node);
+    holder_is_store_.push_back(true);
+  }
   return it->second;
 }
 
@@ -88,33 +99,43 @@ void PrefixIndex::ForgetWorker(absl::string_view worker_id) {
   // with another worker.
 }
 
-void PrefixIndex::OnStoreStored(std::span<const PageKey> keys) {
+void PrefixIndex::OnStoreStored(absl::string_view node, std::span<const PageKey> keys) {
   std::lock_guard<std::mutex> lock(mu_);
-  StoredLocked(kStoreHolder, keys);
+  StoredLocked(StoreHolderFor(node), keys);
 }
 
-void PrefixIndex::OnStoreRemoved(std::span<const PageKey> keys) {
+void PrefixIndex::OnStoreRemoved(absl::string_view node, std::span<const PageKey> keys) {
   std::lock_guard<std::mutex> lock(mu_);
-  RemovedLocked(kStoreHolder, keys);
+  auto it = store_ids_.find(node);
+  if (it == store_ids_.end()) return;
+  RemovedLocked(it->second, keys);
 }
 
 PrefixMatch PrefixIndex::Match(std::span<const PageKey> keys) {
   std::lock_guard<std::mutex> lock(mu_);
   // matched[h] == i after page i-1 means holder h holds pages 0..i-1; a holder that misses a
-  // page falls behind and is never extended again.
+  // page falls behind and is never extended again. `any_store` is the same count for the
+  // store as a whole: page i held by some node, whichever.
   absl::flat_hash_map<HolderId, int64_t> matched;
+  int64_t any_store = 0;
   std::vector<Entry*> walked;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = entries_.find(keys[i]);
     if (it == entries_.end()) break;
     Entry& entry = it->second;
     bool extended = false;
+    bool in_store = false;
     for (HolderId holder : entry.holders) {
+      in_store = in_store || holder_is_store_[holder];
       int64_t& count = matched[holder];
       if (count == static_cast<int64_t>(i)) {
         count = static_cast<int64_t>(i) + 1;
         extended = true;
       }
+    }
+    if (in_store && any_store == static_cast<int64_t>(i)) {
+      any_store = static_cast<int64_t>(i) + 1;
+      extended = true;
     }
     if (!extended) break;
     walked.push_back(&entry);
@@ -122,13 +143,11 @@ PrefixMatch PrefixIndex::Match(std::span<const PageKey> keys) {
   // Leading keys end most recent, as in StoredLocked.
   for (auto it = walked.rbegin(); it != walked.rend(); ++it) Touch(**it);
   PrefixMatch out;
+  out.store_pages = any_store;
   for (const auto& [holder, count] : matched) {
     if (count == 0) continue;
-    if (holder == kStoreHolder) {
-      out.store_pages = count;
-    } else {
-      out.worker_pages.emplace(holder_names_[holder], count);
-    }
+    (holder_is_store_[holder] ? out.store_node_pages : out.worker_pages)
+        .emplace(holder_names_[holder], count);
   }
   return out;
 }

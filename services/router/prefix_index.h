@@ -1,6 +1,6 @@
 #pragma once
 
-// Which holder (a decode worker, or the kvstore) holds which pages, as the router believes from
+// Which holder (a decode worker, or a kvstore node) holds which pages, as the router believes from
 // their stored/removed events. The router's picture is approximate by design: events arrive
 // late, and the index forgets the least recently used keys beyond `max_keys`, so a prediction
 // can be wrong in both directions; a wrong prediction costs a cache miss, never wrong output
@@ -36,12 +36,23 @@ struct PrefixMatch {
   // worker id -> number of leading pages of the request that worker holds (only workers with at
   // least one).
   absl::flat_hash_map<std::string, int64_t> worker_pages;
-  // Leading pages the kvstore holds.
+  // Leading pages the kvstore holds, all nodes together: page i counts when some node holds it
+  // (any worker can fetch from any node).
   int64_t store_pages = 0;
+  // kvstore node -> leading pages of the request that node alone holds (only nodes with at
+  // least one; each at most store_pages). A chain lives on the node its first page hashes to,
+  // so one node usually holds all store_pages.
+  absl::flat_hash_map<std::string, int64_t> store_node_pages;
 
   int64_t WorkerPages(absl::string_view worker_id) const {
     auto it = worker_pages.find(worker_id);
     return it == worker_pages.end() ? 0 : it->second;
+  }
+  // 0 for an empty `node` (no node) and for a node holding none of the leading pages.
+  int64_t StoreNodePages(absl::string_view node) const {
+    if (node.empty()) return 0;
+    auto it = store_node_pages.find(node);
+    return it == store_node_pages.end() ? 0 : it->second;
   }
 };
 
@@ -59,9 +70,14 @@ class PrefixIndex {
   // The worker left (dropped or deregistered): forget everything it held. O(entries).
   void ForgetWorker(absl::string_view worker_id);
 
-  // The kvstore's events, fed the same way (all kvstore nodes form one store).
-  void OnStoreStored(std::span<const PageKey> keys);
-  void OnStoreRemoved(std::span<const PageKey> keys);
+  // A kvstore node's events (its WatchEvents stream), fed the same way. `node` names the node
+  // (the router uses its --kvstore address); each node's pages are kept apart, so a match tells
+  // both what the store holds as a whole and what each node holds.
+  void OnStoreStored(absl::string_view node, std::span<const PageKey> keys);
+  void OnStoreRemoved(absl::string_view node, std::span<const PageKey> keys);
+  // A store of one unnamed node (node "").
+  void OnStoreStored(std::span<const PageKey> keys) { OnStoreStored("", keys); }
+  void OnStoreRemoved(std::span<const PageKey> keys) { OnStoreRemoved("", keys); }
 
   // For a request's page keys [num_pages] in order: the leading pages each holder holds
   // (longest prefix per holder). Walks the keys until no holder still matches, so the cost is
@@ -72,7 +88,6 @@ class PrefixIndex {
 
  private:
   using HolderId = uint32_t;
-  static constexpr HolderId kStoreHolder = 0;
 
   struct Entry {
     absl::InlinedVector<HolderId, 4> holders;
@@ -80,6 +95,7 @@ class PrefixIndex {
   };
 
   HolderId HolderFor(absl::string_view worker_id);
+  HolderId StoreHolderFor(absl::string_view node);
   void StoredLocked(HolderId holder, std::span<const PageKey> keys);
   void RemovedLocked(HolderId holder, std::span<const PageKey> keys);
   void Touch(Entry& entry);
@@ -89,8 +105,10 @@ class PrefixIndex {
   // All guarded by mu_.
   absl::flat_hash_map<PageKey, Entry> entries_;
   std::list<PageKey> lru_;
-  absl::flat_hash_map<std::string, HolderId> holder_ids_;  // workers only
-  std::vector<std::string> holder_names_;                  // [holder id]; [0] is the store
+  absl::flat_hash_map<std::string, HolderId> holder_ids_;  // workers
+  absl::flat_hash_map<std::string, HolderId> store_ids_;   // kvstore nodes
+  std::vector<std::string> holder_names_;                  // [holder id]
+  std::vector<bool> holder_is_store_;                      // [holder id]
 };
 
 }  // namespace kvstrata::router

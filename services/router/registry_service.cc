@@ -10,6 +10,12 @@
 #include "services/router/router_internal.h"
 
 namespace kvstrata::router {
+namespace {
+
+// GPU UUIDs are "GPU-" or "MIG-" and a 36-character UUID; this only bounds what a peer sends.
+constexpr size_t kMaxGpuUuidBytes = 128;
+
+}  // namespace
 
 grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
                                              const v1::RegisterWorkerRequest* request,
@@ -30,6 +36,11 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
   }
   if (request->capacity_pages() == 0) {
     return rpc::ToGrpcStatus(absl::InvalidArgumentError("capacity_pages: must be > 0"));
+  }
+  if (request->same_gpu_uuid().size() > kMaxGpuUuidBytes) {
+    return rpc::ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("same_gpu_uuid: at most ", kMaxGpuUuidBytes, " bytes, got ",
+                     request->same_gpu_uuid().size())));
   }
   if (absl::Status s = r.CheckTokenizer(request->tokenizer()); !s.ok()) {
     fprintf(stderr, "kvstrata-router: refused worker %s (%s): %s\n",
@@ -53,7 +64,8 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
   WorkerLoad load;
   load.total_pages = static_cast<int64_t>(request->capacity_pages());
   load.free_pages = load.total_pages;
-  if (absl::Status s = r.workers_.Register(request->worker_id(), request->address(), load);
+  if (absl::Status s = r.workers_.Register(request->worker_id(), request->address(), load,
+                                           request->same_gpu_uuid());
       !s.ok()) {
     return rpc::ToGrpcStatus(s);
   }
@@ -61,8 +73,10 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
   r.index_.ForgetWorker(request->worker_id());
   if (!keys->empty()) r.index_.OnWorkerStored(request->worker_id(), *keys);
   bool known;
+  std::string colocated;
   {
     std::lock_guard<std::mutex> lock(r.mu_);
+    colocated = r.ColocatedKvStoreLocked(request->same_gpu_uuid());
     auto [it, inserted] = r.worker_states_.try_emplace(request->worker_id());
     known = !inserted && it->second.incarnation == request->incarnation();
     it->second.incarnation = request->incarnation();
@@ -81,6 +95,12 @@ grpc::Status RegistryService::RegisterWorker(grpc::ServerContext* context,
           request->address().c_str(), static_cast<unsigned long long>(request->incarnation()),
           static_cast<unsigned long long>(request->capacity_pages()),
           static_cast<int>(keys->size()));
+  if (!request->same_gpu_uuid().empty()) {
+    fprintf(stderr, "kvstrata-router: worker %s maps kvstore pools on %s: %s\n",
+            request->worker_id().c_str(), request->same_gpu_uuid().c_str(),
+            colocated.empty() ? "no kvstore node is known on that GPU (yet)"
+                              : absl::StrCat("co-located with kvstore ", colocated).c_str());
+  }
   response->set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(r.options_.worker_table.heartbeat_interval)));
   response->set_max_missed_heartbeats(

@@ -237,7 +237,53 @@ std::vector<WorkerInfo> Router::LiveWorkers() {
     std::lock_guard<std::mutex> lock(mu_);
     worker_states_.erase(id);
   }
-  return workers_.Snapshot();
+  std::vector<WorkerInfo> live = workers_.Snapshot();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (WorkerInfo& w : live) w.colocated_kvstore = ColocatedKvStoreLocked(w.same_gpu_uuid);
+  return live;
+}
+
+std::string Router::ColocatedKvStoreLocked(const std::string& gpu_uuid) const {
+  if (gpu_uuid.empty()) return "";
+  for (const std::string& node : options_.kvstore_addresses) {
+    auto it = kvstore_gpus_.find(node);
+    if (it != kvstore_gpus_.end() && it->second == gpu_uuid) return node;
+  }
+  return "";
+}
+
+void Router::LearnKvStoreGpu(const std::string& address, v1::KvStore::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  {
+    // Cancellable as the watches are, so a stopping router does not wait for the deadline.
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    {
+      std::lock_guard<std::mutex> stop(stop_mu_);
+      if (stopping_) return;
+    }
+    active_watches_.push_back(&context);
+  }
+  v1::StatsResponse stats;
+  const grpc::Status status = stub.Stats(&context, v1::StatsRequest(), &stats);
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    active_watches_.erase(std::find(active_watches_.begin(), active_watches_.end(), &context));
+  }
+  if (!status.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string& gpu = kvstore_gpus_[address];
+  if (gpu == stats.gpu_uuid()) return;
+  gpu = stats.gpu_uuid();
+  if (gpu.empty()) {
+    fprintf(stderr, "kvstrata-router: kvstore %s: no HBM pool; no worker is co-located with it\n",
+            address.c_str());
+  } else {
+    fprintf(stderr,
+            "kvstrata-router: kvstore %s: HBM pool on %s; workers registered on that GPU are "
+            "preferred for its pages\n",
+            address.c_str(), gpu.c_str());
+  }
 }
 
 void Router::MaintenanceLoop() {
@@ -246,6 +292,8 @@ void Router::MaintenanceLoop() {
     ProbeStaticWorkers();
     const std::vector<WorkerInfo> live = LiveWorkers();
     metrics_->workers.Get().Set(static_cast<double>(live.size()));
+    metrics_->colocated_workers.Get().Set(static_cast<double>(std::count_if(
+        live.begin(), live.end(), [](const WorkerInfo& w) { return !w.colocated_kvstore.empty(); })));
     for (const WorkerInfo& w : live) {
       metrics_->worker_requests.With({w.id}).Set(static_cast<double>(w.load.requests()));
       metrics_->worker_free_pages.With({w.id}).Set(static_cast<double>(w.load.free_pages));
@@ -317,6 +365,8 @@ void Router::WatchKvStore(const std::string& address) {
                     : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   bool was_connected = true;
   for (;;) {
+    // Before the stream, so a node that restarted on another GPU is seen again.
+    LearnKvStoreGpu(address, *stub);
     grpc::ClientContext context;
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
@@ -345,8 +395,8 @@ void Router::WatchKvStore(const std::string& address) {
         if (!k.ok()) continue;
         (e.has_stored() ? stored : removed).push_back(*k);
       }
-      if (!stored.empty()) index_.OnStoreStored(stored);
-      if (!removed.empty()) index_.OnStoreRemoved(removed);
+      if (!stored.empty()) index_.OnStoreStored(address, stored);
+      if (!removed.empty()) index_.OnStoreRemoved(address, removed);
       metrics_->kvstore_events.With({"stored"}).Increment(static_cast<double>(stored.size()));
       metrics_->kvstore_events.With({"removed"}).Increment(static_cast<double>(removed.size()));
     }

@@ -42,6 +42,10 @@ class RouterMetrics {
             r->AddCounter("kvstrata_router_predicted_cached_tokens_total",
                           "Prompt tokens the router predicted would be cached (local + kvstore) "
                           "on the worker it chose.")),
+        predicted_colocated_tokens(r->AddCounter(
+            "kvstrata_router_predicted_colocated_kvstore_tokens_total",
+            "Of the predicted kvstore tokens, those on the kvstore node on the chosen worker's "
+            "GPU (fetched by the same-GPU transport).")),
         mispredictions(r->AddCounter("kvstrata_router_cache_mispredictions_total",
                                      "Requests whose actual cached tokens differed from the "
                                      "prediction by a page or more, by direction.",
@@ -60,6 +64,10 @@ class RouterMetrics {
         running(r->AddGauge("kvstrata_router_running_requests",
                             "Generate requests in flight at the router.")),
         workers(r->AddGauge("kvstrata_router_workers", "Live workers in the routing pool.")),
+        colocated_workers(r->AddGauge(
+            "kvstrata_router_colocated_workers",
+            "Live workers sharing their GPU with a kvstore node's HBM pool (same_gpu_uuid "
+            "equal to the node's GPU).")),
         worker_requests(r->AddGauge("kvstrata_router_worker_requests",
                                     "A live worker's running + waiting requests, as last reported.",
                                     {"worker"})),
@@ -101,6 +109,7 @@ class RouterMetrics {
   Family<Counter>& retries;
   Family<Counter>& prompt_tokens;
   Family<Counter>& predicted_cached_tokens;
+  Family<Counter>& predicted_colocated_tokens;
   Family<Counter>& mispredictions;
   Family<Counter>& generated_tokens;
   Family<Histogram>& ttft;
@@ -108,6 +117,7 @@ class RouterMetrics {
   Family<Histogram>& e2e;
   Family<Gauge>& running;
   Family<Gauge>& workers;
+  Family<Gauge>& colocated_workers;
   Family<Gauge>& worker_requests;
   Family<Gauge>& worker_free_pages;
   Family<Gauge>& worker_total_pages;

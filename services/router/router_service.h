@@ -24,7 +24,11 @@
 //     keys or local hits), the prompt's pages as soon as a request is routed to it (it will
 //     hold them once it has prefilled; a request with the same prefix meanwhile waits there for
 //     them), withdrawn if that attempt fails before output;
-//   - the kvstore: each node's WatchEvents stream (a snapshot, then live stored/removed events).
+//   - the kvstore: each node's WatchEvents stream (a snapshot, then live stored/removed events),
+//     kept per node; and each node's GPU (StatsResponse.gpu_uuid, read whenever its stream
+//     opens), which a worker that registered the same same_gpu_uuid shares: that worker fetches
+//     the node's pages by the same-GPU transport, and routing counts them cheaper for it
+//     (WorkerInfo::colocated_kvstore, docs/routing.md#co-located-kvstore).
 // The pool identity (model, fingerprint, KV format, rotation digest, page size) comes from the
 // first worker that registers, or answers GetServerInfo when it was given by flag; a worker
 // with another identity is refused, since its page keys would not match. Until the identity is
@@ -54,6 +58,7 @@
 #include "core/metrics.h"
 #include "core/tenant_keys.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
+#include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "kvstrata/v1/worker.grpc.pb.h"
 #include "rpc/peer_auth.h"
 #include "services/common/generation_service.h"
@@ -136,6 +141,7 @@ class Router {
   const RouterOptions& options() const { return options_; }
   std::optional<PoolIdentity> identity() const;
   // The workers in the pool, after dropping (and forgetting) the silent ones.
+  // Each carries its co-located kvstore node, if one is known (WorkerInfo::colocated_kvstore).
   std::vector<WorkerInfo> LiveWorkers();
   // The limits every worker that stated its own can honour: the smallest of each, and the EOS
   // ids of one of them (they share the model). nullopt while no worker has stated any.
@@ -163,6 +169,12 @@ class Router {
   // naming both otherwise.
   absl::Status CheckTokenizer(const std::string& tokenizer) const;
   std::shared_ptr<v1::Generation::Stub> StubFor(const std::string& address);
+  // The first --kvstore node (in flag order) whose HBM pool is on GPU `gpu_uuid`; empty for an
+  // empty uuid or when none is.
+  std::string ColocatedKvStoreLocked(const std::string& gpu_uuid) const;
+  // Reads node `address`'s GPU from its Stats (a short deadline) into kvstore_gpus_; a failed
+  // call keeps what was known.
+  void LearnKvStoreGpu(const std::string& address, v1::KvStore::Stub& stub);
   void ForgetWorker(const std::string& id);
 
   void MaintenanceLoop();
@@ -182,6 +194,8 @@ class Router {
   mutable std::mutex mu_;
   std::optional<PoolIdentity> identity_;                              // guarded by mu_
   absl::flat_hash_map<std::string, WorkerState> worker_states_;       // guarded by mu_
+  // kvstore node (its --kvstore address) -> the GPU its HBM pool is on; absent or empty: none.
+  absl::flat_hash_map<std::string, std::string> kvstore_gpus_;  // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<v1::Generation::Stub>> stubs_;  // by address
   absl::flat_hash_map<std::string, std::shared_ptr<InFlight>> in_flight_;  // by request id
   // Requests this router has in flight on each worker. Heartbeats report a worker's queue up to

@@ -34,7 +34,7 @@ absl::Status WorkerTable::AddStatic(absl::string_view id, absl::string_view addr
 }
 
 absl::Status WorkerTable::Register(absl::string_view id, absl::string_view address,
-                                   const WorkerLoad& load) {
+                                   const WorkerLoad& load, absl::string_view same_gpu_uuid) {
   if (id.empty() || address.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("worker needs an id and an address, got id='",
                                                    id, "' address='", address, "'"));
@@ -44,6 +44,7 @@ absl::Status WorkerTable::Register(absl::string_view id, absl::string_view addre
   info.id = std::string(id);
   info.address = std::string(address);
   info.load = load;
+  info.same_gpu_uuid = std::string(same_gpu_uuid);
   info.last_heartbeat = clock_->Now();
   return absl::OkStatus();
 }

@@ -43,6 +43,14 @@ struct WorkerInfo {
   WorkerLoad load;
   absl::Time last_heartbeat;  // on the table's clock
   bool is_static = false;     // from flags: never expires
+  // The GPU on which the worker maps kvstore HBM pools (RegisterWorkerRequest.same_gpu_uuid);
+  // empty: none (a CPU worker, the transport off, an older or a static worker).
+  std::string same_gpu_uuid;
+  // The kvstore node (as the router names it: its --kvstore address) whose HBM pool is on that
+  // GPU, so its pages reach this worker by the same-GPU transport; empty: no node is known to
+  // share the worker's GPU. Not kept by the table: the router fills it in each snapshot it
+  // routes on (Router::LiveWorkers), from what it learnt of the nodes' GPUs.
+  std::string colocated_kvstore;
 };
 
 struct WorkerTableOptions {
@@ -65,10 +73,11 @@ class WorkerTable {
   // AlreadyExists if the id is known.
   absl::Status AddStatic(absl::string_view id, absl::string_view address);
 
-  // Registration: adds the worker or refreshes it (new address and load, heartbeat now).
-  // Idempotent. A static worker that registers stays static. InvalidArgument for an empty id or
-  // address.
-  absl::Status Register(absl::string_view id, absl::string_view address, const WorkerLoad& load);
+  // Registration: adds the worker or refreshes it (new address, load and same-GPU UUID,
+  // heartbeat now). Idempotent. A static worker that registers stays static. InvalidArgument for
+  // an empty id or address.
+  absl::Status Register(absl::string_view id, absl::string_view address, const WorkerLoad& load,
+                        absl::string_view same_gpu_uuid = {});
 
   // A heartbeat with the current load. NotFound if the worker is unknown (never registered, or
   // already dropped: it must register again).

@@ -64,6 +64,7 @@ RouterRegistrationOptions Options(const std::string& router) {
   o.worker.set_capacity_pages(100);
   o.worker.set_max_running_requests(8);
   o.worker.set_server_version("0.1.0");
+  o.worker.set_same_gpu_uuid("GPU-test");  // what a worker with the same-GPU transport sends
   return o;
 }
 
@@ -87,6 +88,7 @@ TEST(RouterRegistrationTest, RegistersHeartbeatsKeyChangesReregistersAndDrains) 
   const v1::RegisterWorkerRequest first = router->registry.registers()[0];
   EXPECT_EQ(first.worker_id(), "w-test");
   EXPECT_EQ(first.address(), "127.0.0.1:5555");
+  EXPECT_EQ(first.same_gpu_uuid(), "GPU-test");
   EXPECT_NE(first.incarnation(), 0u);
   EXPECT_EQ(first.incarnation(), registration.incarnation());
   EXPECT_EQ(first.local_page_keys_size(), 2);
@@ -113,6 +115,7 @@ TEST(RouterRegistrationTest, RegistersHeartbeatsKeyChangesReregistersAndDrains) 
   const v1::RegisterWorkerRequest again = router->registry.registers()[1];
   EXPECT_EQ(again.incarnation(), first.incarnation());
   EXPECT_EQ(again.local_page_keys_size(), 3);
+  EXPECT_EQ(again.same_gpu_uuid(), "GPU-test");  // a registration again still names the GPU
   EXPECT_TRUE(Has(again.local_page_keys(), 3));
 
   registration.Drain();

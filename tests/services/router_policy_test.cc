@@ -1,13 +1,8 @@
-// The router's policy library: worker table expiry, the prefix index, each routing policy on
-// constructed loads and prefixes, and a small shared-prefix simulation comparing hit ratios.
+// The router's policy library: worker table expiry, the prefix index, and each routing policy on
+// constructed loads and prefixes (the shared-prefix simulation is router_simulation_test.cc).
 
-#include <cmath>
 #include <cstdint>
-#include <deque>
-#include <iostream>
-#include <list>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +15,7 @@
 #include "services/router/policy.h"
 #include "services/router/prefix_index.h"
 #include "services/router/worker_table.h"
+#include "tests/services/router_policy_testing.h"
 #include "tests/testing/fake_clock.h"
 
 namespace kvstrata::router {
@@ -31,37 +27,12 @@ using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
 
 using ::kvstrata::test_util::FakeClock;
-
-// Page `page` of chain `chain` (distinct chains never share keys).
-PageKey Key(uint32_t chain, uint32_t page) {
-  PageKey key;
-  for (int i = 0; i < 4; ++i) {
-    key.bytes[i] = static_cast<uint8_t>(chain >> (8 * i));
-    key.bytes[4 + i] = static_cast<uint8_t>(page >> (8 * i));
-  }
-  key.bytes[15] = 0x5a;
-  return key;
-}
-
-std::vector<PageKey> Chain(uint32_t chain, uint32_t pages) {
-  std::vector<PageKey> keys;
-  for (uint32_t p = 0; p < pages; ++p) keys.push_back(Key(chain, p));
-  return keys;
-}
+using namespace ::kvstrata::router::test;  // NOLINT: the shared helpers
 
 std::vector<std::string> Ids(const std::vector<WorkerInfo>& workers) {
   std::vector<std::string> ids;
   for (const WorkerInfo& w : workers) ids.push_back(w.id);
   return ids;
-}
-
-WorkerInfo Worker(std::string id, int64_t running, int64_t waiting = 0, int64_t free_pages = 100,
-                  int64_t total_pages = 100) {
-  WorkerInfo w;
-  w.id = id;
-  w.address = id + ":1";
-  w.load = {running, waiting, free_pages, total_pages};
-  return w;
 }
 
 // --- WorkerTable ---
@@ -166,6 +137,36 @@ TEST(PrefixIndexTest, RemovalAndForgettingAWorker) {
   EXPECT_EQ(index.size(), 4u);
 }
 
+TEST(PrefixIndexTest, KeepsEachKvstoreNodesPagesApart) {
+  PrefixIndex index;
+  const std::vector<PageKey> req = Chain(1, 6);
+  index.OnStoreStored("kv-a", std::span(req).first(5));
+  index.OnStoreStored("kv-b", std::span(req).first(3));
+  index.OnStoreStored("kv-b", Chain(2, 4));
+  PrefixMatch m = index.Match(req);
+  EXPECT_EQ(m.store_pages, 5);
+  EXPECT_THAT(m.store_node_pages, UnorderedElementsAre(Pair("kv-a", 5), Pair("kv-b", 3)));
+  EXPECT_THAT(m.worker_pages, IsEmpty());
+  EXPECT_EQ(m.StoreNodePages(""), 0);
+  EXPECT_EQ(m.StoreNodePages("kv-c"), 0);
+
+  // Removal on one node leaves the other's copy, and the store as a whole still holds it.
+  index.OnStoreRemoved("kv-a", std::span(req).subspan(1));
+  index.OnStoreRemoved("kv-c", req);  // an unknown node: a no-op
+  m = index.Match(req);
+  EXPECT_EQ(m.store_pages, 3);
+  EXPECT_THAT(m.store_node_pages, UnorderedElementsAre(Pair("kv-a", 1), Pair("kv-b", 3)));
+
+  // A chain split over two nodes: the store as a whole holds its leading run (any worker can
+  // fetch from either node); each node only the part it holds from page 0.
+  PrefixIndex split;
+  split.OnStoreStored("kv-a", std::span(req).first(2));
+  split.OnStoreStored("kv-b", std::span(req).subspan(2, 2));
+  m = split.Match(req);
+  EXPECT_EQ(m.store_pages, 4);
+  EXPECT_THAT(m.store_node_pages, UnorderedElementsAre(Pair("kv-a", 2)));
+}
+
 TEST(PrefixIndexTest, ForgetsLeastRecentlyUsedChainsFromTheLeaves) {
   PrefixIndex index({/*max_keys=*/4});
   index.OnWorkerStored("w", Chain(1, 3));
@@ -183,17 +184,6 @@ TEST(PrefixIndexTest, ForgetsLeastRecentlyUsedChainsFromTheLeaves) {
 }
 
 // --- Policies ---
-
-RouteRequest Request(const std::vector<PageKey>& keys, int64_t extra_tokens = 0) {
-  return {keys, static_cast<int64_t>(keys.size()) * 64 + extra_tokens, /*page_tokens=*/64};
-}
-
-std::unique_ptr<RoutingPolicy> Make(absl::string_view name,
-                                    const RoutingPolicyOptions& options = {}) {
-  auto policy = MakeRoutingPolicy(name, options);
-  EXPECT_TRUE(policy.ok()) << policy.status();
-  return std::move(policy).value();
-}
 
 TEST(RoutingPolicyTest, FactoryAndErrors) {
   for (const std::string& name : RoutingPolicyNames()) EXPECT_EQ(Make(name)->name(), name);
@@ -359,125 +349,121 @@ TEST(RoutingPolicyTest, PrefixAffinityDiscountsWhatTheKvstoreHolds) {
             "b");
 }
 
-// --- Simulation ---
-
-// A worker's page cache: LRU over page keys with a capacity, reporting its events to the index.
-class SimCache {
- public:
-  SimCache(std::string id, size_t capacity) : id_(std::move(id)), capacity_(capacity) {}
-
-  // Leading pages of `keys` held now.
-  int64_t Hits(const std::vector<PageKey>& keys) const {
-    int64_t n = 0;
-    for (const PageKey& k : keys) {
-      if (!pos_.contains(k)) break;
-      ++n;
-    }
-    return n;
-  }
-
-  void Insert(const std::vector<PageKey>& keys, PrefixIndex& index) {
-    std::vector<PageKey> stored, removed;
-    for (auto it = keys.rbegin(); it != keys.rend(); ++it) {
-      auto found = pos_.find(*it);
-      if (found != pos_.end()) {
-        lru_.splice(lru_.begin(), lru_, found->second);
-        continue;
-      }
-      lru_.push_front(*it);
-      pos_[*it] = lru_.begin();
-      stored.push_back(*it);
-    }
-    while (lru_.size() > capacity_) {
-      removed.push_back(lru_.back());
-      pos_.erase(lru_.back());
-      lru_.pop_back();
-    }
-    index.OnWorkerStored(id_, stored);
-    index.OnWorkerRemoved(id_, removed);
-  }
-
- private:
-  std::string id_;
-  size_t capacity_;
-  std::list<PageKey> lru_;
-  absl::flat_hash_map<PageKey, std::list<PageKey>::iterator> pos_;
-};
-
-struct SimResult {
-  double hit_ratio = 0;
-  int64_t max_load_at_route = 0;  // the chosen worker's queue including the new request
-  int64_t max_allowed = 0;        // the bound at that decision
-  bool bound_held = true;
-};
-
-// 4 workers with 48-page caches; 8 system prompts of 8 pages, each request adding 2 pages of
-// its own; a request runs for the next 8 arrivals (so ~8 in flight, ~2 per worker).
-SimResult Simulate(absl::string_view policy_name) {
-  constexpr int kWorkers = 4, kPrompts = 8, kSystemPages = 8, kUserPages = 2, kRequests = 2000;
-  constexpr int kDuration = 8;
-  constexpr size_t kCachePages = 48;
-  auto policy = Make(policy_name);
-  PrefixIndex index;
-  std::vector<WorkerInfo> workers;
-  std::vector<SimCache> caches;
-  for (int w = 0; w < kWorkers; ++w) {
-    workers.push_back(Worker("w" + std::to_string(w), 0));
-    caches.emplace_back(workers.back().id, kCachePages);
-  }
-  std::mt19937 rng(42);
-  std::deque<std::pair<int, int>> in_flight;  // (finishes at arrival, worker)
-  int64_t hits = 0, pages = 0;
-  SimResult result;
-  for (int r = 0; r < kRequests; ++r) {
-    while (!in_flight.empty() && in_flight.front().first <= r) {
-      --workers[in_flight.front().second].load.running;
-      in_flight.pop_front();
-    }
-    const uint32_t prompt = rng() % kPrompts;
-    std::vector<PageKey> keys = Chain(prompt, kSystemPages);
-    for (int u = 0; u < kUserPages; ++u) keys.push_back(Key(1000 + r, u));
-
-    auto d = policy->Route(Request(keys, /*extra_tokens=*/17), workers, index);
-    EXPECT_TRUE(d.ok()) << d.status();
-    int chosen = 0;
-    while (workers[chosen].id != d->worker_id) ++chosen;
-
-    int64_t total = 0;
-    for (const WorkerInfo& w : workers) total += w.load.requests();
-    const int64_t bound = static_cast<int64_t>(std::ceil(1.25 * (total + 1) / kWorkers));
-    const int64_t load = workers[chosen].load.requests() + 1;
-    result.max_load_at_route = std::max(result.max_load_at_route, load);
-    result.max_allowed = std::max(result.max_allowed, bound);
-    if (load > bound) result.bound_held = false;
-
-    const int64_t h = caches[chosen].Hits(keys);
-    EXPECT_EQ(d->local_pages, h) << "the index must mirror the caches exactly here";
-    hits += h;
-    pages += static_cast<int64_t>(keys.size());
-    caches[chosen].Insert(keys, index);
-    ++workers[chosen].load.running;
-    in_flight.emplace_back(r + kDuration, chosen);
-  }
-  result.hit_ratio = static_cast<double>(hits) / static_cast<double>(pages);
-  return result;
+// Workers on the GPUs of kvstore nodes kv-a and kv-b (one each), and one on neither.
+std::vector<WorkerInfo> ColocatedWorkers(int64_t qa, int64_t qb, int64_t qc) {
+  std::vector<WorkerInfo> workers = {Worker("a", qa), Worker("b", qb), Worker("c", qc)};
+  workers[0].colocated_kvstore = "kv-a";
+  workers[1].colocated_kvstore = "kv-b";
+  return workers;
 }
 
-TEST(RoutingSimulationTest, PrefixAffinityBeatsRoundRobinWithinTheLoadBound) {
-  const SimResult rr = Simulate("round-robin");
-  const SimResult pa = Simulate("prefix-affinity");
-  const SimResult ca = Simulate("cache-aware");
-  std::cout << "hit ratio / max load: round-robin " << rr.hit_ratio << " / " << rr.max_load_at_route
-            << ", cache-aware " << ca.hit_ratio << " / " << ca.max_load_at_route
-            << ", prefix-affinity " << pa.hit_ratio << " / " << pa.max_load_at_route
-            << " (bound up to " << pa.max_allowed << ")\n";
-  // The best possible is 8/10 (user pages never hit).
-  EXPECT_GT(pa.hit_ratio, rr.hit_ratio + 0.2);
-  EXPECT_LE(pa.hit_ratio, 0.8);
-  EXPECT_TRUE(pa.bound_held);
-  // SGLang's policy buys its hits with hot spots: below its 64-request trigger it ignores load.
-  EXPECT_FALSE(ca.bound_held);
-  EXPECT_GT(ca.max_load_at_route, pa.max_load_at_route);
+TEST(RoutingPolicyTest, PrefixAffinityPrefersTheWorkerOnTheNodeHoldingThePrefix) {
+  auto policy = Make("prefix-affinity");
+  const std::vector<PageKey> on_b = Chain(1, 8), on_a = Chain(2, 8);
+  PrefixIndex index;
+  index.OnStoreStored("kv-b", on_b);
+  index.OnStoreStored("kv-a", on_a);
+  const std::vector<WorkerInfo> workers = ColocatedWorkers(2, 2, 2);
+
+  // Equal load: the prefix on kv-b goes to b, the one on kv-a to a, the node's pages counted.
+  RouteDecision d = *policy->Route(Request(on_b, 10), workers, index);
+  EXPECT_EQ(d.worker_id, "b");
+  EXPECT_EQ(d.reason, RouteReason::kColocated);
+  EXPECT_EQ(d.local_pages, 0);
+  EXPECT_EQ(d.store_pages, 8);
+  EXPECT_EQ(d.colocated_store_pages, 8);
+  d = *policy->Route(Request(on_a, 10), workers, index);
+  EXPECT_EQ(d.worker_id, "a");
+  EXPECT_EQ(d.colocated_store_pages, 8);
+
+  // The preference is r − r_c = 0.09 of the prompt's share in the store; one more request on b
+  // (a relative load penalty of 0.5 × 1 / 2.33) outweighs it, as load did before.
+  d = *policy->Route(Request(on_b, 10), ColocatedWorkers(2, 3, 2), index);
+  EXPECT_EQ(d.worker_id, "a");
+  EXPECT_EQ(d.colocated_store_pages, 0);
+  EXPECT_EQ(d.store_pages, 8);
+
+  // r_c = r: a co-located page costs what any fetch does; the tie goes by id, as without it.
+  RoutingPolicyOptions flat;
+  flat.prefix_affinity.colocated_fetch_cost_ratio = flat.prefix_affinity.fetch_cost_ratio;
+  EXPECT_EQ(Make("prefix-affinity", flat)->Route(Request(on_b, 10), workers, index)->worker_id,
+            "a");
+
+  // The other policies choose as before but report the co-located pages of their choice.
+  std::vector<WorkerInfo> b_idle = ColocatedWorkers(2, 0, 2);
+  d = *Make("least-load")->Route(Request(on_b), b_idle, index);
+  EXPECT_EQ(d.worker_id, "b");
+  EXPECT_EQ(d.colocated_store_pages, 8);
+  EXPECT_EQ(d.reason, RouteReason::kLeastLoad);
+}
+
+TEST(RoutingPolicyTest, PrefixAffinityLocalHitStillBeatsTheColocatedNode) {
+  auto policy = Make("prefix-affinity");
+  const std::vector<PageKey> keys = Chain(1, 8);
+  PrefixIndex index;
+  index.OnStoreStored("kv-b", keys);
+  index.OnWorkerStored("c", keys);  // c, on no node's GPU, holds the whole prefix itself
+  RouteDecision d = *policy->Route(Request(keys, 10), ColocatedWorkers(2, 2, 2), index);
+  EXPECT_EQ(d.worker_id, "c");
+  EXPECT_EQ(d.reason, RouteReason::kAffinity);
+  EXPECT_EQ(d.local_pages, 8);
+  EXPECT_EQ(d.store_pages, 0);
+  EXPECT_EQ(d.colocated_store_pages, 0);
+
+  // b holding some pages itself and fetching the rest from its node predicts both.
+  index.OnWorkerStored("b", std::span(keys).first(3));
+  index.OnWorkerRemoved("c", keys);
+  d = *policy->Route(Request(keys, 10), ColocatedWorkers(2, 2, 2), index);
+  EXPECT_EQ(d.worker_id, "b");
+  EXPECT_EQ(d.reason, RouteReason::kAffinity);
+  EXPECT_EQ(d.local_pages, 3);
+  EXPECT_EQ(d.store_pages, 5);
+  EXPECT_EQ(d.colocated_store_pages, 5);
+}
+
+TEST(RoutingPolicyTest, PrefixAffinityWithoutColocationChoosesAsBefore) {
+  auto policy = Make("prefix-affinity");
+  const std::vector<PageKey> keys = Chain(1, 8);
+  // The same pages in a store of one unnamed node (today's view) and on node kv-b.
+  PrefixIndex unnamed, per_node;
+  unnamed.OnStoreStored(keys);
+  per_node.OnStoreStored("kv-b", keys);
+  unnamed.OnWorkerStored("b", std::span(keys).first(2));
+  per_node.OnWorkerStored("b", std::span(keys).first(2));
+  for (int64_t qb : {0, 1, 2, 3, 6}) {
+    // No worker knows a co-located node, or only of a node that holds nothing of the prompt.
+    std::vector<WorkerInfo> none = {Worker("a", 2), Worker("b", qb), Worker("c", 1)};
+    std::vector<WorkerInfo> elsewhere = none;
+    elsewhere[0].colocated_kvstore = "kv-a";
+    const RouteDecision before = *policy->Route(Request(keys, 10), none, unnamed);
+    for (const auto* workers : {&none, &elsewhere}) {
+      const RouteDecision d = *policy->Route(Request(keys, 10), *workers, per_node);
+      EXPECT_EQ(d.worker_id, before.worker_id) << qb;
+      EXPECT_EQ(d.reason, before.reason) << qb;
+      EXPECT_EQ(d.store_pages, before.store_pages) << qb;
+      EXPECT_EQ(d.colocated_store_pages, 0) << qb;
+    }
+  }
+  // And that choice is the one the formula gives without a co-located term: c (q = 1) while b
+  // is busier than it, b once b is as idle (its 2 local pages).
+  EXPECT_EQ(policy->Route(Request(keys, 10),
+                          std::vector<WorkerInfo>{Worker("a", 2), Worker("b", 3), Worker("c", 1)},
+                          per_node)->worker_id,
+            "c");
+  EXPECT_EQ(policy->Route(Request(keys, 10),
+                          std::vector<WorkerInfo>{Worker("a", 2), Worker("b", 1), Worker("c", 1)},
+                          per_node)->worker_id,
+            "b");
+
+  RoutingPolicyOptions bad;
+  bad.prefix_affinity.colocated_fetch_cost_ratio = 0.2;  // above r = 0.1
+  auto refused = MakeRoutingPolicy("prefix-affinity", bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              testing::HasSubstr("colocated_fetch_cost_ratio"));
+  bad.prefix_affinity.colocated_fetch_cost_ratio = -0.01;
+  EXPECT_EQ(MakeRoutingPolicy("prefix-affinity", bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

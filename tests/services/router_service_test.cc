@@ -41,6 +41,12 @@ TEST_F(RouterServiceTest, RegistrationErrorsNameTheField) {
   EXPECT_NE(s.error_message().find("rotation_digest"), std::string::npos) << s.error_message();
 
   r = Registration("w", "127.0.0.1:1");
+  r.set_same_gpu_uuid(std::string(200, 'G'));
+  s = Register(r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("same_gpu_uuid"), std::string::npos) << s.error_message();
+
+  r = Registration("w", "127.0.0.1:1");
   r.add_local_page_keys("not sixteen bytes");
   s = Register(r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -269,6 +275,56 @@ TEST_F(RouterServiceTest, ForwardsTokenIdsPageKeysAndRoutesToTheWorkerHoldingThe
   EXPECT_NE(registry_.Render().find("kvstrata_router_requests_total{finish_reason="
                                     "\"FINISH_REASON_LENGTH\"} 2"),
             std::string::npos);
+}
+
+TEST_F(RouterServiceTest, APrefixOnAKvstoreNodeGoesToTheWorkerOnThatNodesGpu) {
+  const std::string text = Text(5);
+  const std::vector<int32_t> prompt = TinyEncoder().EncodeText(text);
+  const std::vector<PageKey> keys = KeysOf(prompt);
+  // Node "B" holds the prompt's pages; node "A" none. Each has its HBM pool on its own GPU.
+  KvStoreNode node_a = StartKvStoreNode("GPU-aaaa", {}), node_b = StartKvStoreNode("GPU-bbbb", keys);
+  const std::string b_address = node_b.server->address();
+  Start({.policy = "prefix-affinity",
+         .kvstore_addresses = {node_a.server->address(), b_address}});
+  Worker a = StartWorker("a"), b = StartWorker("b");
+  v1::RegisterWorkerRequest ra = Registration("a", a.server->address());
+  ra.set_same_gpu_uuid("GPU-aaaa");
+  v1::RegisterWorkerRequest rb = Registration("b", b.server->address());
+  rb.set_same_gpu_uuid("GPU-bbbb");
+  ASSERT_TRUE(Register(ra).ok());
+  ASSERT_TRUE(Register(rb).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    const PrefixMatch m = router_->prefix_index().Match(keys);
+    const std::vector<WorkerInfo> live = router_->LiveWorkers();
+    return m.StoreNodePages(b_address) == static_cast<int64_t>(keys.size()) &&
+           live.size() == 2 && live[1].colocated_kvstore == b_address;
+  }));
+
+  // Equal load (both idle): b, the worker on node B's GPU, rather than a (first by id).
+  v1::GenerateRequest g;
+  g.set_text(text);
+  g.set_request_id("req-1");
+  Result r = Generate(g);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.messages.back().worker_id(), "b");
+  EXPECT_EQ(r.messages.back().usage().predicted_cached_tokens(), keys.size() * kPage);
+  const std::string rendered = registry_.Render();
+  EXPECT_NE(rendered.find(absl::StrCat("kvstrata_router_predicted_colocated_kvstore_tokens_total ",
+                                       keys.size() * kPage)),
+            std::string::npos)
+      << rendered;
+  EXPECT_NE(rendered.find("reason=\"colocated\""), std::string::npos) << rendered;
+
+  // b registers again without saying which GPU it maps pools on (an older worker): no worker is
+  // co-located, and the choice is today's: the kvstore's pages help both alike, a wins by id.
+  rb.clear_same_gpu_uuid();
+  ASSERT_TRUE(Register(rb).ok());
+  EXPECT_TRUE(router_->LiveWorkers()[1].colocated_kvstore.empty());
+  g.set_request_id("req-2");
+  r = Generate(g);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.messages.back().worker_id(), "a");
+  EXPECT_EQ(r.messages.back().usage().predicted_cached_tokens(), keys.size() * kPage);
 }
 
 TEST_F(RouterServiceTest, AWorkerWithALocalTierHoldsThePromptRightAfterServingIt) {

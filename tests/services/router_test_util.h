@@ -22,6 +22,7 @@
 #include "core/metrics.h"
 #include "core/radix_hash.h"
 #include "kvstrata/v1/generate.grpc.pb.h"
+#include "kvstrata/v1/kvstore.grpc.pb.h"
 #include "kvstrata/v1/worker.grpc.pb.h"
 #include "model/tiny_model.h"
 #include "rpc/server.h"
@@ -155,6 +156,52 @@ bool WaitUntil(Done done) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   return true;
+}
+
+// A kvstore node as the router sees it: Stats names its GPU, and WatchEvents sends a snapshot
+// of `pages` (stored events), then holds the stream open until it is cancelled.
+class FakeKvStoreNode final : public v1::KvStore::Service {
+ public:
+  FakeKvStoreNode(std::string gpu_uuid, std::vector<PageKey> pages)
+      : gpu_uuid_(std::move(gpu_uuid)), pages_(std::move(pages)) {}
+
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                     v1::StatsResponse* response) override {
+    response->set_gpu_uuid(gpu_uuid_);
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchEvents(grpc::ServerContext* context, const v1::WatchEventsRequest*,
+                           grpc::ServerWriter<v1::WatchEventsResponse>* writer) override {
+    v1::WatchEventsResponse response;
+    response.set_store_epoch(7);
+    for (const PageKey& key : pages_) {
+      v1::PageEvent* e = response.add_events();
+      e->set_snapshot(true);
+      e->mutable_stored()->set_key(key.ToBytes());
+    }
+    writer->Write(response);
+    while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string gpu_uuid_;
+  const std::vector<PageKey> pages_;
+};
+
+struct KvStoreNode {
+  std::unique_ptr<FakeKvStoreNode> service;
+  std::unique_ptr<rpc::Server> server;
+};
+
+inline KvStoreNode StartKvStoreNode(std::string gpu_uuid, std::vector<PageKey> pages) {
+  KvStoreNode n;
+  n.service = std::make_unique<FakeKvStoreNode>(std::move(gpu_uuid), std::move(pages));
+  absl::StatusOr<std::unique_ptr<rpc::Server>> s =
+      rpc::Server::Start({.listen_address = "127.0.0.1:0", .services = {n.service.get()}});
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) n.server = *std::move(s);
+  return n;
 }
 
 // A Generate call left running (on a hanging worker) until the test ends it.
