@@ -151,8 +151,11 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
   recvs.reserve(n);
   checks.reserve(n);
   for (int i = 0; i < n; ++i) {
-    if (p.offset_bytes(i) + p.byte_length(i) > answer.total_bytes() ||
-        p.offset_bytes(i) % 16 != 0) {
+    // Written so that no sum can wrap: a page must lie inside total_bytes, hence the slab.
+    const uint64_t offset = p.offset_bytes(i);
+    const uint64_t length = p.byte_length(i);
+    if (length > answer.total_bytes() || offset > answer.total_bytes() - length ||
+        offset % 16 != 0) {
       return fail(absl::DataLossError(absl::StrCat("NCCL transfer page ", i, " is misplaced")));
     }
     uint8_t* at = peer->slab->data + p.offset_bytes(i);

@@ -167,6 +167,25 @@ TEST_F(DecodeNcclTest, APageCorruptedInFlightIsAMissAndTheCommunicatorStays) {
   EXPECT_TRUE(peers_->Ready(client_->address()));
 }
 
+TEST_F(DecodeNcclTest, APlacementWhoseEndWrapsPastTheSlabIsRefusedBeforeAnyReceive) {
+  Start();
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  // Page 1's offset plus its length is 2^64, 0 in 64 bits: it would pass a check of the sum,
+  // and a receive of that length would run off the slab.
+  v1::OpenTransferResponse bad = *answer;
+  const uint64_t offset = bad.placements().offset_bytes(1);
+  ASSERT_GT(offset, 0u);
+  bad.mutable_placements()->set_byte_length(1, ~uint64_t{0} - offset + 1);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, bad, keys_, chain_[0].meta.parent_key, 0);
+  EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
+  EXPECT_THAT(std::string(pages.status().message()), ::testing::HasSubstr("page 1 is misplaced"));
+}
+
 TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade) {
   kvstore::NcclSenderOptions sender;
   sender.transfer_timeout = absl::Milliseconds(100);
