@@ -230,6 +230,9 @@ TEST_F(NcclTransferTest, WithoutAReadyCommunicatorTheNextTransportIsChosen) {
   grpc::Status s = Open(only_nccl, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("transports"));
+  // What the store offers names NCCL and what it needs.
+  EXPECT_THAT(s.error_message(), HasSubstr("TRANSPORT_NCCL"));
+  EXPECT_THAT(s.error_message(), HasSubstr("nccl.communicator_id"));
 }
 
 TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
