@@ -218,6 +218,24 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   EXPECT_TRUE(peers_->Receive(*again, *next, keys_, chain_[0].meta.parent_key, 0).ok());
 }
 
+TEST_F(DecodeNcclTest, ShutdownDuringAWarmUpTheStoreNeverSendsEndsNow) {
+  kvstore::NcclSenderOptions sender_options;
+  sender_options.init_timeout = absl::Seconds(30);  // the worker's deadline for the warm-up
+  Start(/*store_has_nccl=*/true, sender_options);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().hold_sends = true;  // the store's warm-up never arrives
+  }
+  EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);  // starts the setup
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    return nccl_.record().joins == 2;  // both ends joined: the worker waits for the warm-up
+  }));
+  const absl::Time start = absl::Now();
+  peers_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
 TEST_F(DecodeNcclTest, AStoreThatGoesAwayMidTransferIsAMissWithinTheDeadline) {
   Start();
   std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
