@@ -12,7 +12,10 @@ namespace kvstrata::decode {
 struct NcclPeers::Peer {
   std::string address;
   std::shared_ptr<transport::DeviceRange> slab;       // made at the first setup, kept
-  std::unique_ptr<transport::NcclCommunicator> comm;  // set when ready
+  std::shared_ptr<transport::NcclCommunicator> comm;  // set when ready
+  // Joined, not yet warmed up: the destructor aborts it, so that a warm-up the store never
+  // sends ends now rather than at the setup's deadline (the store's init timeout, 30 s).
+  std::shared_ptr<transport::NcclCommunicator> warming;
   uint64_t communicator_id = 0;
   uint64_t next_transfer_id = 1;
   bool setting_up = false;
@@ -40,11 +43,16 @@ NcclPeers::NcclPeers(transport::NcclRuntime* runtime, const NcclPeersOptions& op
     : runtime_(runtime), options_(options) {}
 
 NcclPeers::~NcclPeers() {
+  std::vector<std::shared_ptr<transport::NcclCommunicator>> warming;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    for (auto& [address, peer] : peers_) peer->cancel = true;
+    for (auto& [address, peer] : peers_) {
+      peer->cancel = true;  // a join in progress
+      if (peer->warming != nullptr) warming.push_back(peer->warming);
+    }
   }
+  for (const auto& comm : warming) comm->Abort();
   for (auto& [address, peer] : peers_) {
     if (peer->thread.joinable()) peer->thread.join();
   }
@@ -151,8 +159,11 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
   recvs.reserve(n);
   checks.reserve(n);
   for (int i = 0; i < n; ++i) {
-    if (p.offset_bytes(i) + p.byte_length(i) > answer.total_bytes() ||
-        p.offset_bytes(i) % 16 != 0) {
+    // Written so that no sum can wrap: a page must lie inside total_bytes, hence the slab.
+    const uint64_t offset = p.offset_bytes(i);
+    const uint64_t length = p.byte_length(i);
+    if (length > answer.total_bytes() || offset > answer.total_bytes() - length ||
+        offset % 16 != 0) {
       return fail(absl::DataLossError(absl::StrCat("NCCL transfer page ", i, " is misplaced")));
     }
     uint8_t* at = peer->slab->data + p.offset_bytes(i);
@@ -254,21 +265,27 @@ absl::Status NcclPeers::SetupOnce(Peer* peer, kvstore::KvStoreClient* client) {
     ++counts_.aborts;  // a join that fails is aborted
     return comm.status();
   }
-  absl::Status reg = (*comm)->Register(*peer->slab);
+  std::shared_ptr<transport::NcclCommunicator> joined = *std::move(comm);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("the worker is stopping");
+    peer->warming = joined;
+  }
+  absl::Status reg = joined->Register(*peer->slab);
   if (!reg.ok() && !absl::IsUnimplemented(reg)) {
     fprintf(stderr, "kvstrata-decode: NCCL with kvstore %s: registering the receive slab: %s\n",
             peer->address.c_str(), reg.ToString().c_str());
   }
   const transport::DeviceRange warm{peer->slab->data, transport::kNcclWarmupBytes};
-  if (absl::Status s =
-          (*comm)->Transfer(static_cast<int>(answer->store_rank()), {}, {&warm, 1}, deadline);
-      !s.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counts_.aborts;
-    return s;
-  }
+  absl::Status warmed =
+      joined->Transfer(static_cast<int>(answer->store_rank()), {}, {&warm, 1}, deadline);
   std::lock_guard<std::mutex> lock(mu_);
-  peer->comm = *std::move(comm);
+  peer->warming.reset();
+  if (!warmed.ok()) {
+    ++counts_.aborts;
+    return warmed;
+  }
+  peer->comm = std::move(joined);
   peer->communicator_id = answer->communicator_id();
   peer->next_transfer_id = 1;
   ++counts_.communicators_made;

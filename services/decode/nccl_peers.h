@@ -60,7 +60,8 @@ class NcclPeers {
 
   // `runtime` is borrowed and outlives this.
   NcclPeers(transport::NcclRuntime* runtime, const NcclPeersOptions& options);
-  ~NcclPeers();  // waits for setups in progress (each bounded by its deadline)
+  // Cancels setups in progress (a join, or a warm-up: aborted) and waits for their threads.
+  ~NcclPeers();
 
   // The right to one transfer with `client`'s store, or null: no ready communicator (a setup is
   // started in the background if none is under way and the last failure is old enough), or one

@@ -539,7 +539,11 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
           "transports: none of those listed is possible here (this store offers ",
           store_->has_fast_tier() ? "TRANSPORT_SAME_GPU_POOL on GPU " : "",
           store_->has_fast_tier() ? options_.same_gpu_pool.gpu_uuid : "",
-          store_->has_fast_tier() ? " and " : "", "TRANSPORT_GRPC_STREAM)"));
+          store_->has_fast_tier() ? ", " : "",
+          options_.nccl != nullptr
+              ? "TRANSPORT_NCCL to other GPUs with a ready nccl.communicator_id, "
+              : "",
+          "TRANSPORT_GRPC_STREAM)"));
     }
     // The lease: the client's, extended over these pages, or a new one.
     std::vector<PageKey> keys;

@@ -20,31 +20,37 @@ NcclSender::NcclSender(transport::NcclRuntime* runtime, uint8_t* pool, uint64_t 
 
 NcclSender::~NcclSender() {
   std::map<uint64_t, std::unique_ptr<Comm>> comms;
+  std::vector<std::shared_ptr<transport::NcclCommunicator>> joined;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, c] : comms_) {
-      c->stopping = true;
-      c->cv.notify_all();
-    }
+    for (auto& [id, c] : comms_) StopLocked(c.get(), &joined);
     comms.swap(comms_);
   }
+  // A transfer in progress ends now rather than at its deadline (seconds for a large prefix),
+  // so the store's shutdown does not wait for a worker that is not receiving.
+  for (const auto& comm : joined) comm->Abort();
   for (auto& [id, c] : comms) {
     if (c->thread.joinable()) c->thread.join();
   }
 }
 
+void NcclSender::StopLocked(Comm* c,
+                            std::vector<std::shared_ptr<transport::NcclCommunicator>>* to_abort) {
+  c->stopping = true;
+  c->cv.notify_all();
+  if (c->comm != nullptr) to_abort->push_back(c->comm);
+}
+
 absl::StatusOr<NcclSetup> NcclSender::Setup(const std::string& client_id) {
   std::vector<std::unique_ptr<Comm>> done;
+  std::vector<std::shared_ptr<transport::NcclCommunicator>> superseded;
   absl::StatusOr<NcclSetup> out = [&]() -> absl::StatusOr<NcclSetup> {
     std::lock_guard<std::mutex> lock(mu_);
     ReapLocked(&done);
     // The worker asks again only when it has lost its communicator: end the old ones now
     // rather than when a transfer on them times out.
     for (auto& [id, c] : comms_) {
-      if (c->client_id == client_id && !c->stopping) {
-        c->stopping = true;
-        c->cv.notify_all();
-      }
+      if (c->client_id == client_id && !c->stopping) StopLocked(c.get(), &superseded);
     }
     int live = 0;
     for (auto& [id, c] : comms_) live += c->stopping || c->broken ? 0 : 1;
@@ -71,7 +77,8 @@ absl::StatusOr<NcclSetup> NcclSender::Setup(const std::string& client_id) {
     return NcclSetup{
         .communicator_id = raw->id, .unique_id = raw->unique_id, .timeout = options_.init_timeout};
   }();
-  for (auto& c : done) c->thread.join();  // they have ended: immediate
+  for (const auto& comm : superseded) comm->Abort();  // outside mu_: an abort may take a while
+  for (auto& c : done) c->thread.join();               // they have ended: immediate
   return out;
 }
 
@@ -161,7 +168,12 @@ void NcclSender::Run(Comm* c) {
     for (Job& j : failed) {
       if (j.on_done) j.on_done(why);
     }
-    c->comm.reset();  // aborts
+    std::shared_ptr<transport::NcclCommunicator> doomed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      doomed = std::move(c->comm);
+    }
+    if (doomed != nullptr) doomed->Abort();  // idempotent: a stop may have aborted it already
     std::lock_guard<std::mutex> lock(mu_);
     c->ready = false;
     c->broken = true;  // last: the entry may be reaped from here on
@@ -176,21 +188,29 @@ void NcclSender::Run(Comm* c) {
   absl::StatusOr<std::unique_ptr<transport::NcclCommunicator>> joined = runtime_->Join(
       c->unique_id, /*num_ranks=*/2, /*rank=*/0, options_.device, init_deadline, &cancel);
   absl::Status warm = joined.status();
+  std::shared_ptr<transport::NcclCommunicator> comm;
   if (joined.ok()) {
+    comm = *std::move(joined);
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c->comm = comm;  // from here on a stop aborts it, the warm-up too
+      stopping = c->stopping;
+    }
+    if (stopping) comm->Abort();
     // Registration is an optimisation (zero-copy over NVLink); transfers work without it.
-    absl::Status reg = (*joined)->Register({pool_, pool_bytes_});
-    if (!reg.ok() && !absl::IsUnimplemented(reg)) {
+    absl::Status reg = comm->Register({pool_, pool_bytes_});
+    if (!reg.ok() && !absl::IsUnimplemented(reg) && !stopping) {
       fprintf(stderr, "kvstrata-kvstore: NCCL communicator %llu: registering the pool: %s\n",
               static_cast<unsigned long long>(c->id), reg.ToString().c_str());
     }
     const transport::DeviceRange w = *warmup_;
-    warm = (*joined)->Transfer(/*peer=*/1, {&w, 1}, {}, init_deadline);
+    warm = comm->Transfer(/*peer=*/1, {&w, 1}, {}, init_deadline);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     c->join_ended = true;
     if (warm.ok()) {
-      c->comm = *std::move(joined);
       c->ready = true;
       ++counts_.communicators_made;
     }
@@ -198,7 +218,6 @@ void NcclSender::Run(Comm* c) {
   }
   stop_watch.join();
   if (!warm.ok()) {
-    if (joined.ok()) c->comm = *std::move(joined);
     end(warm, /*init=*/true);
     return;
   }
@@ -211,7 +230,7 @@ void NcclSender::Run(Comm* c) {
       job = std::move(c->jobs.front());
       c->jobs.pop_front();
     }
-    absl::Status sent = c->comm->Transfer(/*peer=*/1, job.sends, {}, job.deadline);
+    absl::Status sent = comm->Transfer(/*peer=*/1, job.sends, {}, job.deadline);
     if (job.on_done) job.on_done(sent);
     if (!sent.ok()) {
       {

@@ -105,8 +105,10 @@ class NcclSender {
     uint64_t id = 0;
     std::string client_id;
     std::string unique_id;
-    std::unique_ptr<transport::NcclCommunicator> comm;  // set by its thread once joined
-    bool join_ended = false;                            // joined and warmed up, or failed to
+    // Set by its thread once joined, under mu_; shared so that a stop can abort it (ending a
+    // warm-up or transfer in progress now) while its thread may be letting go of it.
+    std::shared_ptr<transport::NcclCommunicator> comm;
+    bool join_ended = false;  // joined and warmed up, or failed to
     bool ready = false;
     bool broken = false;  // aborted, or failed to join: the thread ends
     bool stopping = false;
@@ -119,6 +121,9 @@ class NcclSender {
   // Drops jobs of a broken communicator (their on_done told why); caller holds mu_.
   void FailJobs(Comm* c, const absl::Status& why, std::vector<Job>* failed);
   void ReapLocked(std::vector<std::unique_ptr<Comm>>* done);
+  // Tells `c`'s thread to end and adds its communicator, if joined, to `to_abort` (aborted by
+  // the caller once mu_ is released); caller holds mu_.
+  void StopLocked(Comm* c, std::vector<std::shared_ptr<transport::NcclCommunicator>>* to_abort);
 
   transport::NcclRuntime* const runtime_;
   uint8_t* const pool_;

@@ -167,6 +167,25 @@ TEST_F(DecodeNcclTest, APageCorruptedInFlightIsAMissAndTheCommunicatorStays) {
   EXPECT_TRUE(peers_->Ready(client_->address()));
 }
 
+TEST_F(DecodeNcclTest, APlacementWhoseEndWrapsPastTheSlabIsRefusedBeforeAnyReceive) {
+  Start();
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  // Page 1's offset plus its length is 2^64, 0 in 64 bits: it would pass a check of the sum,
+  // and a receive of that length would run off the slab.
+  v1::OpenTransferResponse bad = *answer;
+  const uint64_t offset = bad.placements().offset_bytes(1);
+  ASSERT_GT(offset, 0u);
+  bad.mutable_placements()->set_byte_length(1, ~uint64_t{0} - offset + 1);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, bad, keys_, chain_[0].meta.parent_key, 0);
+  EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
+  EXPECT_THAT(std::string(pages.status().message()), ::testing::HasSubstr("page 1 is misplaced"));
+}
+
 TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade) {
   kvstore::NcclSenderOptions sender;
   sender.transfer_timeout = absl::Milliseconds(100);
@@ -197,6 +216,24 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   ASSERT_EQ(next->transport(), v1::TRANSPORT_NCCL);
   EXPECT_EQ(next->transfer_id(), 1u);  // a new communicator's order starts again
   EXPECT_TRUE(peers_->Receive(*again, *next, keys_, chain_[0].meta.parent_key, 0).ok());
+}
+
+TEST_F(DecodeNcclTest, ShutdownDuringAWarmUpTheStoreNeverSendsEndsNow) {
+  kvstore::NcclSenderOptions sender_options;
+  sender_options.init_timeout = absl::Seconds(30);  // the worker's deadline for the warm-up
+  Start(/*store_has_nccl=*/true, sender_options);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().hold_sends = true;  // the store's warm-up never arrives
+  }
+  EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);  // starts the setup
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    return nccl_.record().joins == 2;  // both ends joined: the worker waits for the warm-up
+  }));
+  const absl::Time start = absl::Now();
+  peers_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(DecodeNcclTest, AStoreThatGoesAwayMidTransferIsAMissWithinTheDeadline) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -229,6 +230,9 @@ TEST_F(NcclTransferTest, WithoutAReadyCommunicatorTheNextTransportIsChosen) {
   grpc::Status s = Open(only_nccl, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("transports"));
+  // What the store offers names NCCL and what it needs.
+  EXPECT_THAT(s.error_message(), HasSubstr("TRANSPORT_NCCL"));
+  EXPECT_THAT(s.error_message(), HasSubstr("nccl.communicator_id"));
 }
 
 TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
@@ -328,6 +332,46 @@ TEST_F(NcclTransferTest, ATransferNoOneReceivesAbortsTheCommunicatorAtItsDeadlin
   const uint64_t again = JoinAsWorker();
   EXPECT_NE(again, 0u);
   EXPECT_NE(again, id);
+}
+
+TEST_F(NcclTransferTest, ShutdownAbortsATransferInProgressRatherThanAwaitingItsDeadline) {
+  NcclSenderOptions options;
+  options.transfer_timeout = absl::Seconds(30);
+  Start(/*with_nccl=*/true, options);
+  const uint64_t id = JoinAsWorker();
+  ASSERT_NE(id, 0u);
+  auto posted = [&] {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    return nccl_.record().sends_posted;
+  };
+  const int before = posted();
+  v1::OpenTransferResponse answer;
+  ASSERT_TRUE(Open(Transfer(id), &answer).ok());
+  ASSERT_EQ(answer.transport(), v1::TRANSPORT_NCCL);
+  // The store's thread is sending; the worker never receives.
+  ASSERT_TRUE(Eventually([&] { return posted() > before; }));
+  server_.reset();
+  const absl::Time start = absl::Now();
+  sender_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(NcclTransferTest, ANewSetupAbortsTheOldCommunicatorsTransferInProgress) {
+  NcclSenderOptions options;
+  options.transfer_timeout = absl::Seconds(30);
+  Start(/*with_nccl=*/true, options);
+  const uint64_t first = JoinAsWorker();
+  ASSERT_NE(first, 0u);
+  v1::OpenTransferResponse answer;
+  ASSERT_TRUE(Open(Transfer(first), &answer).ok());
+  ASSERT_EQ(answer.transport(), v1::TRANSPORT_NCCL);
+  // The worker sets up again (its end of the old communicator is kept, so only the store's
+  // abort can end the old transfer): the old transfer ends now, not in 30 s.
+  std::unique_ptr<transport::NcclCommunicator> old_end = std::move(worker_comm_);
+  const absl::Time start = absl::Now();
+  ASSERT_NE(JoinAsWorker(), 0u);
+  ASSERT_TRUE(Eventually([&] { return sender_->Counts().transfer_failures == 1; }));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(NcclTransferTest, ANewSetupFromTheSameWorkerEndsItsOldCommunicator) {

@@ -32,7 +32,8 @@ class FakeNccl final : public transport::NcclRuntime {
     int joins = 0;  // communicators joined (every rank counts)
     int join_timeouts = 0;
     int aborts = 0;
-    int transfers = 0;  // Transfer calls that completed
+    int transfers = 0;    // Transfer calls that completed
+    int sends_posted = 0;  // sends handed to a peer's channel (received or not)
     bool fail_joins = false;
     bool corrupt_next_send = false;  // flips a byte of the next page sent
     bool hold_sends = false;         // sends are posted but never reach the peer (a dead sender)
@@ -139,6 +140,7 @@ class FakeNccl final : public transport::NcclRuntime {
           bytes[bytes.size() / 2] ^= 0x10;
         }
         world_->channels[{rank_, peer}].push_back({std::move(bytes), received.back().get()});
+        ++nccl_->record_.sends_posted;
       }
       nccl_->cv_.notify_all();
       auto late = [&]() -> absl::Status {
