@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/copy_bandwidth.h"
 #include "kernels/bits.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/split_decode.h"
@@ -45,27 +46,6 @@ std::vector<int> ParseList(const char* s) {
     s = c + 1;
   }
   return out;
-}
-
-double CopyBandwidth() {
-  const size_t bytes = size_t{4} << 30;
-  void *a, *b;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  CHECK_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) CHECK_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes * 5 / (ms * 1e-3);  // read + write
 }
 
 __global__ void FillBf16(uint16_t* p, int64_t n, uint32_t seed) {
@@ -426,7 +406,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   std::printf("{\"device\": \"%s\", \"sms\": %d, \"l2_bytes\": %d, \"copy_tb_per_s\": %.3f}\n",
-              prop.name, sms, prop.l2CacheSize, kvstrata::kernels::CopyBandwidth() / 1e12);
+              prop.name, sms, prop.l2CacheSize, kvstrata::bench::CopyBandwidth() / 1e12);
   for (const auto& shape : kvstrata::kernels::kShapes) {
     if (shapes.find(shape.name) == std::string::npos) continue;
     for (int b : batches) {

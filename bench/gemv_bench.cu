@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/copy_bandwidth.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/model_ops.h"
 
@@ -27,28 +28,6 @@ void Check(cudaError_t e, const char* what) {
   }
 }
 
-// Bytes per second of a device-to-device copy (read + written), as the other GPU benchmarks.
-double CopyBandwidth() {
-  const size_t bytes = size_t{2} << 30;
-  void *a = nullptr, *b = nullptr;
-  Check(cudaMalloc(&a, bytes), "cudaMalloc");
-  Check(cudaMalloc(&b, bytes), "cudaMalloc");
-  Check(cudaMemset(a, 1, bytes), "cudaMemset");
-  Check(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes * 5 / (ms * 1e-3);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,7 +35,8 @@ int main(int argc, char** argv) {
   const int replays = argc > 2 ? std::atoi(argv[2]) : 20;
   cudaDeviceProp prop;
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  const double copy = CopyBandwidth();
+  const double copy = kvstrata::bench::CopyBandwidth();
+  if (copy <= 0) Check(cudaErrorMemoryAllocation, "the copy bandwidth");
   std::fprintf(stderr, "%s: copy bandwidth %.2f TB/s\n", prop.name, copy / 1e12);
   struct Shape {
     const char* name;

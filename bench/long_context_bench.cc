@@ -40,6 +40,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/copy_bandwidth.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
@@ -153,28 +154,6 @@ void CheckCupti(CUptiResult r, const char* what) {
 }
 
 // ---- the device ----
-
-double CopyBandwidth() {
-  const size_t bytes = size_t{4} << 30;
-  void *a = nullptr, *b = nullptr;
-  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
-    Die("cudaMalloc for the copy bandwidth");
-  }
-  cudaMemset(a, 1, bytes);
-  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes * 5 / (ms * 1e-3);
-}
 
 // Bytes of the matrices a decode step reads once (embedding rows are a gather, not counted).
 double WeightBytes(const model::ModelConfig& c, int element_bytes) {
@@ -367,7 +346,8 @@ int Main() {
                "cuptiActivityRegisterCallbacks");
     CheckCupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
   }
-  const double copy_bw = CopyBandwidth();
+  const double copy_bw = bench::CopyBandwidth();
+  if (copy_bw <= 0) Die("cudaMalloc for the copy bandwidth");
   std::fprintf(stderr, "%s: copy bandwidth %.2f TB/s\n", prop.name, copy_bw / 1e12);
 
   const Clock::time_point load0 = Clock::now();
