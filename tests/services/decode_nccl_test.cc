@@ -21,6 +21,7 @@
 #include "tests/services/host_tier_memory.h"
 #include "tests/services/test_pages.h"
 #include "tests/testing/fake_nccl.h"
+#include "tests/testing/wait_until.h"
 
 namespace kvstrata::decode {
 namespace {
@@ -31,15 +32,7 @@ using ::kvstrata::kvstore::testing::TestPage;
 constexpr char kStoreGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000001";
 constexpr char kWorkerGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000002";
 
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!done()) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
+using ::kvstrata::test_util::WaitUntil;
 
 class DecodeNcclTest : public ::testing::Test {
  protected:
@@ -85,7 +78,7 @@ class DecodeNcclTest : public ::testing::Test {
 
   std::shared_ptr<NcclPeers::Lane> ReadyLane() {
     EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);  // the first meeting starts the setup
-    EXPECT_TRUE(Eventually([&] { return peers_->Ready(client_->address()); }));
+    EXPECT_TRUE(WaitUntil([&] { return peers_->Ready(client_->address()); }));
     return peers_->Acquire(client_.get());
   }
 
@@ -195,7 +188,7 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
   ASSERT_TRUE(answer.ok());
   // The worker is late: the store's send misses its deadline and aborts the communicator.
-  ASSERT_TRUE(Eventually([&] { return sender_->Counts().transfer_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().transfer_failures == 1; }));
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<engine::DevicePage>> pages =
       peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0);
@@ -207,7 +200,7 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   lane.reset();
   // The next fetch starts a new setup in the background, and it comes up.
   EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
-  ASSERT_TRUE(Eventually([&] { return peers_->Ready(client_->address()); }));
+  ASSERT_TRUE(WaitUntil([&] { return peers_->Ready(client_->address()); }));
   EXPECT_EQ(peers_->Counts().communicators_made, 2u);
   std::shared_ptr<NcclPeers::Lane> again = peers_->Acquire(client_.get());
   ASSERT_NE(again, nullptr);
@@ -227,7 +220,7 @@ TEST_F(DecodeNcclTest, ShutdownDuringAWarmUpTheStoreNeverSendsEndsNow) {
     nccl_.record().hold_sends = true;  // the store's warm-up never arrives
   }
   EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);  // starts the setup
-  ASSERT_TRUE(Eventually([&] {
+  ASSERT_TRUE(WaitUntil([&] {
     std::lock_guard<std::mutex> lock(nccl_.mu());
     return nccl_.record().joins == 2;  // both ends joined: the worker waits for the warm-up
   }));
@@ -267,7 +260,7 @@ TEST_F(DecodeNcclTest, AStoreWithoutNcclIsAFailedSetupRetriedOnlyAfterAPause) {
   peers.unsupported_retry = absl::Hours(1);  // ...but "not possible here" waits
   Start(/*store_has_nccl=*/false, {}, peers);
   EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
-  ASSERT_TRUE(Eventually([&] { return peers_->Counts().setup_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return peers_->Counts().setup_failures == 1; }));
   EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(peers_->Counts().setup_failures, 1u);  // no second setup within the pause
@@ -283,10 +276,10 @@ TEST_F(DecodeNcclTest, AJoinThatFailsIsCountedAndTheStoreAbortsItsSideAtItsDeadl
     nccl_.record().fail_joins = true;
   }
   EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);
-  ASSERT_TRUE(Eventually([&] { return peers_->Counts().setup_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return peers_->Counts().setup_failures == 1; }));
   EXPECT_EQ(peers_->Counts().aborts, 1u);
   // The store's rank 0 also failed (its join was refused the same way) and counted it.
-  ASSERT_TRUE(Eventually([&] { return sender_->Counts().init_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().init_failures == 1; }));
 }
 
 }  // namespace

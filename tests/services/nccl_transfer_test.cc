@@ -25,6 +25,7 @@
 #include "tests/services/host_tier_memory.h"
 #include "tests/services/test_pages.h"
 #include "tests/testing/fake_nccl.h"
+#include "tests/testing/wait_until.h"
 
 namespace kvstrata::kvstore {
 namespace {
@@ -38,16 +39,7 @@ constexpr char kStoreGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000001";
 constexpr char kWorkerGpu[] = "GPU-5e1f0c2a-0000-4000-8000-000000000002";
 constexpr char kBoot[] = "0b8d4c4e-1111-4222-8333-444455556666";
 
-// Polls `done` until it holds or 10 s pass.
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!done()) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
+using ::kvstrata::test_util::WaitUntil;
 
 class NcclTransferTest : public ::testing::Test {
  protected:
@@ -129,7 +121,7 @@ class NcclTransferTest : public ::testing::Test {
     const transport::DeviceRange recv{warm.data(), warm.size()};
     EXPECT_TRUE(worker_comm_->Transfer(0, {}, {&recv, 1}, absl::Now() + absl::Seconds(10)).ok());
     const uint64_t id = setup.communicator_id();
-    EXPECT_TRUE(Eventually([&] { return sender_->Ready(id); }));
+    EXPECT_TRUE(WaitUntil([&] { return sender_->Ready(id); }));
     return id;
   }
 
@@ -268,7 +260,7 @@ TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
     EXPECT_EQ(store_->Stats().pinned_pages, 3u);  // under the answered lease until released
     EXPECT_TRUE(store_->Release(answer.lease_id()));
   }
-  ASSERT_TRUE(Eventually([&] { return sender_->Counts().transfers == 2; }));
+  ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().transfers == 2; }));
   v1::OpenTransferResponse stats;
   ASSERT_TRUE(Open(Transfer(id, /*room=*/0), &stats).ok());  // any call syncs the metrics
   EXPECT_EQ(Metric("kvstrata_kvstore_nccl_transfers_total"), 2);
@@ -296,7 +288,7 @@ TEST_F(NcclTransferTest, AWorkerThatNeverJoinsIsAbortedAtTheDeadlineAndCounted) 
   v1::OpenTransferResponse setup;
   ASSERT_TRUE(Open(Setup(), &setup).ok());
   const absl::Time start = absl::Now();
-  ASSERT_TRUE(Eventually([&] { return sender_->Counts().init_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().init_failures == 1; }));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(sender_->Counts().aborts, 1u);
   EXPECT_FALSE(sender_->Ready(setup.communicator_id()));
@@ -319,7 +311,7 @@ TEST_F(NcclTransferTest, ATransferNoOneReceivesAbortsTheCommunicatorAtItsDeadlin
   ASSERT_TRUE(Open(Transfer(id), &answer).ok());
   ASSERT_EQ(answer.transport(), v1::TRANSPORT_NCCL);
   // The worker went away: nothing receives.
-  ASSERT_TRUE(Eventually([&] { return sender_->Counts().transfer_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().transfer_failures == 1; }));
   EXPECT_EQ(sender_->Counts().aborts, 1u);
   EXPECT_FALSE(sender_->Ready(id));
   ASSERT_TRUE(Open(Transfer(id), &answer).ok());
@@ -349,7 +341,7 @@ TEST_F(NcclTransferTest, ShutdownAbortsATransferInProgressRatherThanAwaitingItsD
   ASSERT_TRUE(Open(Transfer(id), &answer).ok());
   ASSERT_EQ(answer.transport(), v1::TRANSPORT_NCCL);
   // The store's thread is sending; the worker never receives.
-  ASSERT_TRUE(Eventually([&] { return posted() > before; }));
+  ASSERT_TRUE(WaitUntil([&] { return posted() > before; }));
   server_.reset();
   const absl::Time start = absl::Now();
   sender_.reset();
@@ -370,7 +362,7 @@ TEST_F(NcclTransferTest, ANewSetupAbortsTheOldCommunicatorsTransferInProgress) {
   std::unique_ptr<transport::NcclCommunicator> old_end = std::move(worker_comm_);
   const absl::Time start = absl::Now();
   ASSERT_NE(JoinAsWorker(), 0u);
-  ASSERT_TRUE(Eventually([&] { return sender_->Counts().transfer_failures == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().transfer_failures == 1; }));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
@@ -383,7 +375,7 @@ TEST_F(NcclTransferTest, ANewSetupFromTheSameWorkerEndsItsOldCommunicator) {
   ASSERT_NE(second, 0u);
   EXPECT_FALSE(sender_->Ready(first));
   EXPECT_TRUE(sender_->Ready(second));
-  EXPECT_TRUE(Eventually([&] { return sender_->Counts().live_communicators == 1; }));
+  EXPECT_TRUE(WaitUntil([&] { return sender_->Counts().live_communicators == 1; }));
 }
 
 TEST_F(NcclTransferTest, SetupsBeyondMaxCommunicatorsAreRefused) {

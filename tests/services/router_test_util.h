@@ -26,6 +26,7 @@
 #include "kvstrata/v1/worker.grpc.pb.h"
 #include "model/tiny_model.h"
 #include "rpc/server.h"
+#include "tests/testing/wait_until.h"
 #include "services/router/router_service.h"
 #include "tests/testing/fake_clock.h"
 #include "tokenizer/prompt_encoder.h"
@@ -150,12 +151,7 @@ inline tokenizer::PromptEncoder TinyEncoder() {
 // Polls `done` until it holds or 5 s have passed; returns whether it held.
 template <typename Done>
 bool WaitUntil(Done done) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  while (!done()) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
+  return test_util::WaitUntil(done, absl::Seconds(5));
 }
 
 // A kvstore node as the router sees it: Stats names its GPU, and WatchEvents sends a snapshot
