@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/numeric.h"
@@ -51,7 +52,7 @@ float Tolerance(GemmType type) {
 
 // |a - b| <= tol · max(1, |b|), elementwise.
 void ExpectNear(const std::vector<float>& a, const std::vector<float>& b, float tol,
-                const char* what) {
+                const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   int bad = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -142,6 +143,71 @@ TEST(ModelOpsGpu, RmsNormEmbeddingSwiGluAndConversions) {
                     static_cast<void*>(dids), static_cast<void*>(demb), static_cast<void*>(dg),
                     static_cast<void*>(du), dact}) {
       cudaFree(p);
+    }
+  }
+}
+
+// RmsNormTo and the typed row movers take a vectorised path for rows of a multiple of 4 values
+// (the 8B model's 4,096, the default model's 576) and the element loop otherwise (570, or a row
+// stride that breaks the 16-byte alignment): both against the CPU.
+TEST(ModelOpsGpu, RmsNormAndRowMovesOnWideNarrowAndUnalignedRows) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int rows, dim, stride;
+  };
+  for (const Shape& sh : {Shape{1, 4096, 4096}, Shape{3, 4096, 4100}, Shape{2, 576, 576},
+                          Shape{2, 570, 570}, Shape{2, 576, 577}, Shape{1, 16384, 16384}}) {
+    for (GemmType type : {GemmType::kBf16, GemmType::kFp16, GemmType::kFp32}) {
+      const std::string what = std::to_string(sh.rows) + "x" + std::to_string(sh.dim) + " stride " +
+                               std::to_string(sh.stride) + " type " +
+                               std::to_string(static_cast<int>(type));
+      const std::vector<float> x = Random(sh.rows * sh.stride, 21, 3.0f), w = Random(sh.dim, 22);
+      std::vector<float> ref(sh.rows * sh.dim);
+      for (int r = 0; r < sh.rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < sh.dim; ++i) ss += double{x[r * sh.stride + i]} * x[r * sh.stride + i];
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / sh.dim + 1e-5));
+        for (int i = 0; i < sh.dim; ++i) ref[r * sh.dim + i] = x[r * sh.stride + i] * inv * w[i];
+      }
+      float* dx = ToDevice(x);
+      float* dw = ToDevice(w);
+      void* dy = nullptr;
+      ASSERT_EQ(cudaMalloc(&dy, sh.rows * sh.dim * 4), cudaSuccess);
+      ASSERT_EQ(RmsNormTo(dx, sh.stride, sh.rows, sh.dim, dw, 1e-5f, dy, type, nullptr),
+                cudaSuccess);
+      ExpectNear(ReadBack(dy, sh.rows * sh.dim, type), ref, Tolerance(type), "RmsNormTo " + what);
+
+      // Rows 2, 0 (and 1) of a (rows + 2) x dim matrix gathered, rounded once, and put back.
+      const int all = sh.rows + 2;
+      const std::vector<float> m = Random(all * sh.dim, 23, 5.0f);
+      std::vector<int32_t> ids = {2, 0, 1};
+      ids.resize(sh.rows);
+      float* dm = ToDevice(m);
+      int32_t* dids = ToDevice(ids);
+      void* dg = nullptr;
+      void* ds = nullptr;
+      ASSERT_EQ(cudaMalloc(&dg, sh.rows * sh.dim * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&ds, all * sh.dim * 4), cudaSuccess);
+      ASSERT_EQ(cudaMemset(ds, 0, all * sh.dim * 4), cudaSuccess);
+      ASSERT_EQ(GatherRowsTo(dm, sh.dim, dids, sh.rows, dg, type, nullptr), cudaSuccess);
+      std::vector<float> gathered_ref;
+      for (int r = 0; r < sh.rows; ++r) {
+        for (int i = 0; i < sh.dim; ++i) gathered_ref.push_back(m[ids[r] * sh.dim + i]);
+      }
+      ExpectNear(ReadBack(dg, gathered_ref.size(), type), gathered_ref, Tolerance(type),
+                 "GatherRowsTo " + what);
+      // Scatter the fp32 rows of m's first `rows` rows to rows ids of a zeroed matrix.
+      ASSERT_EQ(ScatterRowsTo(dm, sh.dim, dids, sh.rows, ds, type, nullptr), cudaSuccess);
+      std::vector<float> scattered_ref(all * sh.dim, 0.0f);
+      for (int r = 0; r < sh.rows; ++r) {
+        for (int i = 0; i < sh.dim; ++i) scattered_ref[ids[r] * sh.dim + i] = m[r * sh.dim + i];
+      }
+      ExpectNear(ReadBack(ds, scattered_ref.size(), type), scattered_ref, Tolerance(type),
+                 "ScatterRowsTo " + what);
+      for (void* p : {static_cast<void*>(dx), static_cast<void*>(dw), dy, static_cast<void*>(dm),
+                      static_cast<void*>(dids), dg, ds}) {
+        cudaFree(p);
+      }
     }
   }
 }
