@@ -64,9 +64,9 @@ ABSL_FLAG(int, graph_history_buckets, 16,
 ABSL_FLAG(bool, gpu_gemv, true,
           "passes of 1..4 tokens multiply weights with kernels::Gemv (false: cuBLAS); "
           "EngineOptions::gpu_gemv");
-ABSL_FLAG(bool, gpu_gemv_overlap, false,
-          "the GEMV in one wave, streaming its first weights while the kernel before it "
-          "finishes (programmatic dependent launch); EngineOptions::gpu_gemv_overlap");
+ABSL_FLAG(bool, gpu_gemv_overlap, true,
+          "the GEMV streams its first weights while the kernel before it finishes "
+          "(programmatic dependent launch); EngineOptions::gpu_gemv_overlap");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");

@@ -77,10 +77,10 @@ struct EngineOptions {
   // cuda: forward passes of 1..4 tokens (decode of a small batch) multiply bf16 or fp16 weights
   // with a matrix-vector kernel that streams them near the copy bandwidth; false: cuBLAS.
   bool gpu_gemv = true;
-  // cuda: that kernel runs in one wave of CTAs, launched as a programmatic dependent of the one
-  // before it, so it streams its first weights while that one finishes. Off until measured on
-  // a GPU (docs/benchmarks.md); the benchmark's --gpu_gemv_overlap turns it on.
-  bool gpu_gemv_overlap = false;
+  // cuda: at 1-2 tokens that kernel is launched as a programmatic dependent of the one before
+  // it, so it streams its first weights while that one finishes (-0.25 ms a step of the 8B
+  // model at batch 1, docs/benchmarks.md); false: after it, as a plain launch.
+  bool gpu_gemv_overlap = true;
   // cuda: each layer multiplies [wq; wk; wv] and [w_gate; w_up] as one matrix each, and does
   // the biases, q/k norms and RoPE in one launch (and a few format conversions inside the
   // launches next to them); false: one launch per step (the same arithmetic; for comparison).

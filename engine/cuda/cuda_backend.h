@@ -38,9 +38,9 @@ struct CudaBackendOptions {
   // Passes of 1..4 tokens multiply bf16/fp16 weights with kernels::Gemv instead of cuBLAS
   // (EngineOptions::gpu_gemv).
   bool small_batch_gemv = true;
-  // The GEMV in one wave, streaming its weights while the kernel before it finishes
-  // (programmatic dependent launch; EngineOptions::gpu_gemv_overlap).
-  bool gemv_overlap = false;
+  // The GEMV streams its weights while the kernel before it finishes (programmatic dependent
+  // launch; EngineOptions::gpu_gemv_overlap).
+  bool gemv_overlap = true;
   // One GEMM for q, k and v and one for gate and up, and the launches between them merged
   // (EngineOptions::gpu_fused_layer_ops).
   bool fused_layer_ops = true;

@@ -14,7 +14,10 @@ absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, i
   // A decode step of a few sequences reads each weight once: a GEMV streams it faster.
   if (options_.small_batch_gemv && kernels::GemvSupports(rows, in, type_, x, w)) {
     kernels::GemvVariant variant;
-    variant.one_wave = variant.overlap_previous = options_.gemv_overlap;
+    // Overlapping the kernel before wins at 1-2 rows and loses at 4 (the early CTAs crowd the
+    // wider kernels in front); one wave bought nothing beside it (kvstrata_bench_gemv,
+    // docs/benchmarks.md).
+    variant.overlap_previous = options_.gemv_overlap && rows <= 2;
     KV_CUDA_RETURN_IF_ERROR(
         kernels::Gemv(x, rows, in, w, out, y, accumulate, type_, stream_, variant), "Gemv");
     return absl::OkStatus();
