@@ -71,6 +71,11 @@ ABSL_FLAG(double, colocated_fetch_cost_ratio, -1,
           "prefix-affinity: the same cost for a page on the kvstore node on the worker's own GPU "
           "(the same-GPU transport), in [0, --fetch_cost_ratio]; negative: --fetch_cost_ratio / "
           "10 (docs/routing.md#co-located-kvstore).");
+ABSL_FLAG(uint32_t, kvstore_forget_after_ms, 10000,
+          "A kvstore node whose event stream has been down this long has its pages dropped from "
+          "the prefix index, so requests stop being routed for pages it no longer serves; 0: "
+          "keep them until the stream is back (a stream that comes back always replaces them "
+          "with the node's snapshot).");
 ABSL_FLAG(uint32_t, deadline_margin_ms, 50,
           "How long before a client's deadline the router ends its stream (finish_reason "
           "DEADLINE when output began): workers get the deadline less this.");
@@ -221,6 +226,7 @@ absl::StatusOr<RouterConfig> ConfigFromFlags() {
         absl::StrCat("--deadline_margin_ms=", margin, ": must be in [0, 10000]"));
   }
   o.deadline_margin = absl::Milliseconds(margin);
+  o.kvstore_forget_after = absl::Milliseconds(absl::GetFlag(FLAGS_kvstore_forget_after_ms));
   o.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   if (o.max_request_bytes < (1 << 20) || o.max_request_bytes > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(

@@ -82,8 +82,16 @@ void PrefixIndex::OnWorkerRemoved(absl::string_view worker_id, std::span<const P
 void PrefixIndex::ForgetWorker(absl::string_view worker_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto id_it = holder_ids_.find(worker_id);
-  if (id_it == holder_ids_.end()) return;
-  const HolderId holder = id_it->second;
+  if (id_it != holder_ids_.end()) ForgetHolderLocked(id_it->second);
+}
+
+void PrefixIndex::ForgetStoreNode(absl::string_view node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto id_it = store_ids_.find(node);
+  if (id_it != store_ids_.end()) ForgetHolderLocked(id_it->second);
+}
+
+void PrefixIndex::ForgetHolderLocked(HolderId holder) {
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& entry = it->second;
     entry.holders.erase(std::remove(entry.holders.begin(), entry.holders.end(), holder),
@@ -96,7 +104,7 @@ void PrefixIndex::ForgetWorker(absl::string_view worker_id) {
     }
   }
   // The holder id stays allocated (ids are never reused), so a late event cannot be confused
-  // with another worker.
+  // with another holder.
 }
 
 void PrefixIndex::OnStoreStored(absl::string_view node, std::span<const PageKey> keys) {

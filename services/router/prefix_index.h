@@ -78,6 +78,9 @@ class PrefixIndex {
   // A store of one unnamed node (node "").
   void OnStoreStored(std::span<const PageKey> keys) { OnStoreStored("", keys); }
   void OnStoreRemoved(std::span<const PageKey> keys) { OnStoreRemoved("", keys); }
+  // Forget every page of one kvstore node (its stream restarts with a snapshot, or the node has
+  // been unreachable too long). O(entries).
+  void ForgetStoreNode(absl::string_view node);
 
   // For a request's page keys [num_pages] in order: the leading pages each holder holds
   // (longest prefix per holder). Walks the keys until no holder still matches, so the cost is
@@ -98,6 +101,7 @@ class PrefixIndex {
   HolderId StoreHolderFor(absl::string_view node);
   void StoredLocked(HolderId holder, std::span<const PageKey> keys);
   void RemovedLocked(HolderId holder, std::span<const PageKey> keys);
+  void ForgetHolderLocked(HolderId holder);
   void Touch(Entry& entry);
 
   const PrefixIndexOptions options_;

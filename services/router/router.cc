@@ -363,7 +363,8 @@ void Router::WatchKvStore(const std::string& address) {
   std::unique_ptr<v1::KvStore::Stub> stub = v1::KvStore::NewStub(
       options_.dial ? options_.dial(address)
                     : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  bool was_connected = true;
+  bool was_connected = true, ever_connected = false, forgotten = false;
+  absl::Time down_since = absl::Now();
   for (;;) {
     // Before the stream, so a node that restarted on another GPU is seen again.
     LearnKvStoreGpu(address, *stub);
@@ -387,7 +388,14 @@ void Router::WatchKvStore(const std::string& address) {
         fprintf(stderr, "kvstrata-router: kvstore %s: watching page events again\n",
                 address.c_str());
       }
-      got_any = was_connected = true;
+      if (!got_any) {
+        // A stream opens with the node's snapshot: it replaces what the index believed, so pages
+        // a restart lost, or evicted while the stream was down, do not linger.
+        index_.ForgetStoreNode(address);
+        if (ever_connected && !forgotten) metrics_->kvstore_index_resets.With({"resync"}).Increment();
+        forgotten = false;
+      }
+      got_any = was_connected = ever_connected = true;
       std::vector<PageKey> stored, removed;
       for (const v1::PageEvent& e : response.events()) {
         const std::string& key = e.has_stored() ? e.stored().key() : e.removed().key();
@@ -406,12 +414,31 @@ void Router::WatchKvStore(const std::string& address) {
       active_watches_.erase(std::find(active_watches_.begin(), active_watches_.end(), &context));
     }
     metrics_->kvstore_watch_errors.Get().Increment();
+    if (got_any) down_since = absl::Now();
     if (was_connected) {
       fprintf(stderr,
               "kvstrata-router: kvstore %s: event stream ended (%s: %s); its pages stay in the "
-              "prefix index until evicted there or forgotten here; retrying every second\n",
-              address.c_str(), CodeString(status.error_code()).c_str(), status.error_message().c_str());
+              "prefix index %s; retrying every second\n",
+              address.c_str(), CodeString(status.error_code()).c_str(),
+              status.error_message().c_str(),
+              options_.kvstore_forget_after > absl::ZeroDuration()
+                  ? absl::StrCat("for ", absl::FormatDuration(options_.kvstore_forget_after),
+                                 " unless the stream is back")
+                        .c_str()
+                  : "until the stream is back");
       was_connected = false;
+    }
+    if (!forgotten && options_.kvstore_forget_after > absl::ZeroDuration() &&
+        absl::Now() - down_since >= options_.kvstore_forget_after) {
+      index_.ForgetStoreNode(address);
+      forgotten = true;
+      if (ever_connected) {
+        metrics_->kvstore_index_resets.With({"unreachable"}).Increment();
+        fprintf(stderr,
+                "kvstrata-router: kvstore %s: unreachable for %s; its pages are forgotten until "
+                "its stream is back\n",
+                address.c_str(), absl::FormatDuration(absl::Now() - down_since).c_str());
+      }
     }
     if (!SleepUnlessStopping(absl::Seconds(1))) return;
   }

@@ -88,7 +88,13 @@ class RouterMetrics {
                                      {"event"})),
         kvstore_watch_errors(r->AddCounter(
             "kvstrata_router_kvstore_watch_errors_total",
-            "kvstore WatchEvents streams that ended with an error (then reopened).")) {
+            "kvstore WatchEvents streams that ended with an error (then reopened).")),
+        kvstore_index_resets(r->AddCounter(
+            "kvstrata_router_kvstore_index_resets_total",
+            "Times a kvstore node's pages were dropped from the prefix index: resync (its stream "
+            "came back and its snapshot replaced them), unreachable (its stream was down longer "
+            "than --kvstore_forget_after_ms).",
+            {"reason"})) {
     // Labelled series that exist from the start read as 0 rather than as missing (a family
     // without labels has its one series from the start).
     for (grpc::StatusCode code :
@@ -101,6 +107,7 @@ class RouterMetrics {
     for (const char* direction : {"over", "under"}) mispredictions.With({direction});
     for (const char* reason : {"silent", "draining", "identity"}) dropped.With({reason});
     for (const char* event : {"stored", "removed"}) kvstore_events.With({event});
+    for (const char* reason : {"resync", "unreachable"}) kvstore_index_resets.With({reason});
   }
 
   Family<Counter>& requests;
@@ -126,6 +133,7 @@ class RouterMetrics {
   Family<Gauge>& index_keys;
   Family<Counter>& kvstore_events;
   Family<Counter>& kvstore_watch_errors;
+  Family<Counter>& kvstore_index_resets;
 };
 
 // A request in flight: the cancellation thread and Abort reach the worker call through it. The

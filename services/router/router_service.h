@@ -88,6 +88,10 @@ struct RouterOptions {
   std::vector<StaticWorker> static_workers;
   // kvstore nodes whose WatchEvents feed the prefix index; empty: no kvstore events.
   std::vector<std::string> kvstore_addresses;
+  // A node whose event stream has been down this long has its pages forgotten by the prefix
+  // index (a dead node's pages would keep drawing requests that then miss); zero: kept until
+  // the stream is back. A stream that comes back replaces them with its snapshot either way.
+  absl::Duration kvstore_forget_after = absl::Seconds(10);
   // Workers tried per request (the first plus retries).
   int max_attempts = 3;
   // Requests in flight at the router before Generate answers RESOURCE_EXHAUSTED.
