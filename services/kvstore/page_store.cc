@@ -45,6 +45,37 @@ bool FormMatchesEncoding(PageForm form, PageEncoding encoding) {
   return false;
 }
 
+// The bytes are a valid page whose own header agrees with what the writer said of it (key,
+// parent, index, encoding); each error names the page.
+absl::Status CheckHeaderMatchesMeta(const PageMeta& meta, const std::vector<uint8_t>& bytes,
+                                    const std::string& key_hex) {
+  absl::StatusOr<PageRef> parsed = ParsePage(std::span<const uint8_t>(bytes));
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", key_hex, ": invalid page bytes: ", parsed.status().message()));
+  }
+  if (parsed->key() != meta.key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", key_hex, ": page bytes carry key ", parsed->key().ToHex()));
+  }
+  if (parsed->parent_key() != meta.parent_key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", key_hex, ": parent_key differs from the page bytes' parent key ",
+                     parsed->parent_key().ToHex()));
+  }
+  if (parsed->header.page_index != meta.page_index) {
+    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": page_index ",
+                                                   meta.page_index, " but the page bytes say ",
+                                                   parsed->header.page_index));
+  }
+  if (!FormMatchesEncoding(meta.form, parsed->encoding)) {
+    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": encoding ",
+                                                   PageFormName(meta.form), " but the bytes are ",
+                                                   PageEncodingName(parsed->encoding)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* PageFormName(PageForm form) {
@@ -84,30 +115,7 @@ absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta_in, std::vector<ui
     return absl::DataLossError(
         absl::StrCat("page ", key_hex, ": data does not match checksum_xxh3_64"));
   }
-  absl::StatusOr<PageRef> parsed = ParsePage(std::span<const uint8_t>(bytes));
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page ", key_hex, ": invalid page bytes: ", parsed.status().message()));
-  }
-  if (parsed->key() != meta.key) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page ", key_hex, ": page bytes carry key ", parsed->key().ToHex()));
-  }
-  if (parsed->parent_key() != meta.parent_key) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page ", key_hex, ": parent_key differs from the page bytes' parent key ",
-                     parsed->parent_key().ToHex()));
-  }
-  if (parsed->header.page_index != meta.page_index) {
-    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": page_index ",
-                                                   meta.page_index, " but the page bytes say ",
-                                                   parsed->header.page_index));
-  }
-  if (!FormMatchesEncoding(meta.form, parsed->encoding)) {
-    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": encoding ",
-                                                   PageFormName(meta.form), " but the bytes are ",
-                                                   PageEncodingName(parsed->encoding)));
-  }
+  KV_RETURN_IF_ERROR(CheckHeaderMatchesMeta(meta, bytes, key_hex));
   const uint64_t largest_tier =
       std::max<uint64_t>(options_.capacity_bytes, fast_ != nullptr ? fast_ranges_->size() : 0);
   if (meta.byte_length > largest_tier) {
