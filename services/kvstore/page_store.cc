@@ -1,3 +1,9 @@
+// The page store's requests on pages and its chain invariant: Put (the checks of the bytes
+// against their description, attaching a page to its parent), Lookup and ChainEndingAt (walks of
+// the prefix index), Fetch (re-checking the checksum on the way out), Stats, and RemoveLocked,
+// which undoes what Put did. Leases are in page_store_leases.cc, the tiers and eviction in
+// page_store_tiers.cc, the event log in page_store_events.cc.
+
 #include "services/kvstore/page_store.h"
 
 #include <xxhash.h>
@@ -39,6 +45,37 @@ bool FormMatchesEncoding(PageForm form, PageEncoding encoding) {
   return false;
 }
 
+// The bytes are a valid page whose own header agrees with what the writer said of it (key,
+// parent, index, encoding); each error names the page.
+absl::Status CheckHeaderMatchesMeta(const PageMeta& meta, const std::vector<uint8_t>& bytes,
+                                    const std::string& key_hex) {
+  absl::StatusOr<PageRef> parsed = ParsePage(std::span<const uint8_t>(bytes));
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", key_hex, ": invalid page bytes: ", parsed.status().message()));
+  }
+  if (parsed->key() != meta.key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", key_hex, ": page bytes carry key ", parsed->key().ToHex()));
+  }
+  if (parsed->parent_key() != meta.parent_key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page ", key_hex, ": parent_key differs from the page bytes' parent key ",
+                     parsed->parent_key().ToHex()));
+  }
+  if (parsed->header.page_index != meta.page_index) {
+    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": page_index ",
+                                                   meta.page_index, " but the page bytes say ",
+                                                   parsed->header.page_index));
+  }
+  if (!FormMatchesEncoding(meta.form, parsed->encoding)) {
+    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": encoding ",
+                                                   PageFormName(meta.form), " but the bytes are ",
+                                                   PageEncodingName(parsed->encoding)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* PageFormName(PageForm form) {
@@ -78,30 +115,7 @@ absl::StatusOr<PutResult> PageStore::Put(const PageMeta& meta_in, std::vector<ui
     return absl::DataLossError(
         absl::StrCat("page ", key_hex, ": data does not match checksum_xxh3_64"));
   }
-  absl::StatusOr<PageRef> parsed = ParsePage(std::span<const uint8_t>(bytes));
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page ", key_hex, ": invalid page bytes: ", parsed.status().message()));
-  }
-  if (parsed->key() != meta.key) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page ", key_hex, ": page bytes carry key ", parsed->key().ToHex()));
-  }
-  if (parsed->parent_key() != meta.parent_key) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page ", key_hex, ": parent_key differs from the page bytes' parent key ",
-                     parsed->parent_key().ToHex()));
-  }
-  if (parsed->header.page_index != meta.page_index) {
-    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": page_index ",
-                                                   meta.page_index, " but the page bytes say ",
-                                                   parsed->header.page_index));
-  }
-  if (!FormMatchesEncoding(meta.form, parsed->encoding)) {
-    return absl::InvalidArgumentError(absl::StrCat("page ", key_hex, ": encoding ",
-                                                   PageFormName(meta.form), " but the bytes are ",
-                                                   PageEncodingName(parsed->encoding)));
-  }
+  KV_RETURN_IF_ERROR(CheckHeaderMatchesMeta(meta, bytes, key_hex));
   const uint64_t largest_tier =
       std::max<uint64_t>(options_.capacity_bytes, fast_ != nullptr ? fast_ranges_->size() : 0);
   if (meta.byte_length > largest_tier) {
@@ -253,61 +267,6 @@ absl::StatusOr<std::vector<PageKey>> PageStore::ChainEndingAt(const PageKey& las
   return keys;
 }
 
-absl::StatusOr<PinResult> PageStore::Pin(const std::vector<PageKey>& keys, absl::Duration ttl,
-                                         uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const absl::Time now = clock_->Now();
-  ExpireLeasesLocked(now);
-  return PinLocked(keys, ttl, lease_id, now);
-}
-
-absl::StatusOr<PinResult> PageStore::PinLocked(const std::vector<PageKey>& keys, absl::Duration ttl,
-                                               uint64_t lease_id, absl::Time now) {
-  if (ttl <= absl::ZeroDuration() || ttl > options_.max_lease_ttl) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ttl_ms must be in 1..", absl::ToInt64Milliseconds(options_.max_lease_ttl),
-                     ", got ", absl::ToInt64Milliseconds(ttl)));
-  }
-  Lease* lease = nullptr;
-  if (lease_id != 0) {
-    auto it = leases_.find(lease_id);
-    if (it == leases_.end()) {
-      return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
-    }
-    lease = &it->second;
-  } else {
-    if (leases_.size() >= options_.max_leases) {
-      fprintf(stderr, "kvstore: lease refused: %zu live leases (max_leases)\n", leases_.size());
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the store holds max_leases=", options_.max_leases, " leases"));
-    }
-    lease_id = next_lease_id_++;
-    lease = &leases_[lease_id];
-  }
-  lease->expiry = now + ttl;
-  // One allocation rather than a rehash per doubling (a 100K-token prefix is 1,600 keys).
-  lease->keys.reserve(lease->keys.size() + keys.size());
-  PinResult result{.lease_id = lease_id, .expires_in = ttl};
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto it = entries_.find(keys[i]);
-    if (it == entries_.end()) {
-      result.missing_indices.push_back(static_cast<uint32_t>(i));
-      continue;
-    }
-    ++result.pinned_pages;
-    if (lease->keys.insert(keys[i]).second && it->second.pins++ == 0) ++pinned_pages_;
-  }
-  return result;
-}
-
-bool PageStore::Release(uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLeasesLocked(clock_->Now());
-  if (!leases_.contains(lease_id)) return false;
-  DropLeaseLocked(lease_id);
-  return true;
-}
-
 absl::StatusOr<StoredPage> PageStore::Fetch(const PageKey& key, bool bf16_recent,
                                             uint64_t lease_id) {
   StoredPage page;
@@ -369,333 +328,6 @@ PageStoreStats PageStore::Stats() {
   return stats;
 }
 
-std::pair<std::vector<PageEvent>, uint64_t> PageStore::Snapshot() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const absl::Time now = clock_->Now();
-  std::vector<PageEvent> events;
-  events.reserve(entries_.size() + recent_copies_);
-  for (const auto& [key, entry] : entries_) {
-    events.push_back({.sequence = last_sequence_,
-                      .time = now,
-                      .snapshot = true,
-                      .kind = PageEvent::Kind::kStored,
-                      .page = entry.primary.meta});
-    if (entry.recent.has_value()) {
-      events.push_back({.sequence = last_sequence_,
-                        .time = now,
-                        .snapshot = true,
-                        .kind = PageEvent::Kind::kStored,
-                        .page = entry.recent->meta});
-    }
-  }
-  // A child's page_index is its parent's plus one (checked on Put), so ordering by index puts
-  // parents first; a copy sorts after its primary.
-  std::stable_sort(events.begin(), events.end(), [](const PageEvent& a, const PageEvent& b) {
-    return std::make_pair(a.page.page_index, a.page.form == PageForm::kBf16Recent) <
-           std::make_pair(b.page.page_index, b.page.form == PageForm::kBf16Recent);
-  });
-  return {std::move(events), last_sequence_};
-}
-
-std::vector<PageEvent> PageStore::WaitForEvents(uint64_t after_sequence, absl::Time deadline,
-                                                size_t max_events) {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (last_sequence_ <= after_sequence || events_.empty()) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return {};
-    events_cv_.wait_for(lock, absl::ToChronoMilliseconds(left) + std::chrono::milliseconds(1));
-  }
-  std::vector<PageEvent> out;
-  const uint64_t first_kept = events_.front().sequence;
-  size_t start = after_sequence < first_kept ? 0 : after_sequence - first_kept + 1;
-  for (size_t i = start; i < events_.size() && out.size() < max_events; ++i) {
-    out.push_back(events_[i]);
-  }
-  return out;
-}
-
-void PageStore::ExpireLeasesLocked(absl::Time now) {
-  std::vector<uint64_t> expired;
-  for (const auto& [id, lease] : leases_) {
-    if (lease.expiry <= now) expired.push_back(id);
-  }
-  for (uint64_t id : expired) {
-    DropLeaseLocked(id);
-    ++stats_.leases_expired_total;
-  }
-}
-
-void PageStore::DropLeaseLocked(uint64_t lease_id) {
-  auto it = leases_.find(lease_id);
-  KV_CHECK(it != leases_.end()) << "lease " << lease_id;
-  for (const PageKey& key : it->second.keys) {
-    auto entry = entries_.find(key);
-    KV_CHECK(entry != entries_.end() && entry->second.pins > 0) << "pinned page " << key.ToHex();
-    if (--entry->second.pins == 0) --pinned_pages_;
-  }
-  leases_.erase(it);
-}
-
-void PageStore::TouchLocked(const PageKey& key, Entry& entry, UseOrder::iterator* fast_hint) {
-  const std::pair<uint64_t, PageKey> old{entry.last_use, key};
-  entry.last_use = ++use_tick_;
-  // The same node moves to the end (the newest use): no allocation, and constant time to insert
-  // with the end as hint; with a hint that is right, finding it is constant time too. Touching
-  // the 1,600 pages of a long prefix is most of a same-GPU handshake's work in the store.
-  auto move_to_end = [&](UseOrder& order, UseOrder::iterator* hint) {
-    UseOrder::iterator pos =
-        hint != nullptr && *hint != order.end() && **hint == old ? *hint : order.find(old);
-    if (pos == order.end()) {
-      order.insert(order.end(), {entry.last_use, key});
-      return;
-    }
-    if (hint != nullptr) *hint = std::next(pos);
-    UseOrder::node_type node = order.extract(pos);
-    node.value().first = entry.last_use;
-    order.insert(order.end(), std::move(node));
-  };
-  if (entry.children == 0) move_to_end(leaves_, nullptr);
-  if (entry.any_fast()) move_to_end(fast_lru_, fast_hint);
-}
-
-void PageStore::IndexFastLocked(const PageKey& key, const Entry& entry, bool insert) {
-  if (!entry.any_fast()) return;
-  if (insert) {
-    fast_lru_.insert({entry.last_use, key});
-  } else {
-    fast_lru_.erase({entry.last_use, key});
-  }
-}
-
-absl::Status PageStore::MakeRoomLocked(uint64_t bytes, const PageKey* keep, uint32_t* evicted,
-                                       bool host_leaves_only) {
-  while (bytes_used_ + bytes > options_.capacity_bytes) {
-    // The oldest leaf that is neither leased nor kept, holding host bytes if one does.
-    auto evictable = [&](const std::pair<uint64_t, PageKey>& leaf, bool need_host) {
-      const Entry& entry = entries_.at(leaf.second);
-      return entry.pins == 0 && (keep == nullptr || leaf.second != *keep) &&
-             (!need_host || entry.any_host());
-    };
-    auto victim = leaves_.begin();
-    while (victim != leaves_.end() && !evictable(*victim, /*need_host=*/true)) ++victim;
-    if (victim == leaves_.end() && fast_ != nullptr && !host_leaves_only) {
-      victim = leaves_.begin();
-      while (victim != leaves_.end() && !evictable(*victim, /*need_host=*/false)) ++victim;
-    }
-    if (victim == leaves_.end()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("store full: ", bytes_used_, " of ", options_.capacity_bytes,
-                       " host bytes used and no unleased leaf can be evicted; retry later"));
-    }
-    const PageKey key = victim->second;
-    fprintf(stderr, "kvstore: evicting page %s to make room for %llu bytes\n", key.ToHex().c_str(),
-            static_cast<unsigned long long>(bytes));
-    EvictLocked(key, evicted);
-  }
-  return absl::OkStatus();
-}
-
-void PageStore::EvictLocked(const PageKey& key, uint32_t* evicted) {
-  const uint64_t before = bytes_used_ + fast_bytes_used_;
-  RemoveLocked(key, RemovalReason::kEvicted);
-  ++stats_.evictions_total;
-  stats_.evicted_bytes_total += before - bytes_used_ - fast_bytes_used_;
-  if (evicted != nullptr) ++*evicted;
-}
-
-absl::StatusOr<PageStore::Copy> PageStore::PlaceLocked(const PageMeta& meta,
-                                                       std::vector<uint8_t> bytes,
-                                                       const PageKey* keep, uint32_t* evicted) {
-  const uint64_t n = bytes.size();
-  if (fast_ != nullptr) {
-    if (std::optional<uint64_t> offset = AllocateFastLocked(n, keep, evicted)) {
-      const absl::Status written = fast_->Write(*offset, bytes.data(), n);
-      if (written.ok()) {
-        fast_bytes_used_ += n;
-        ++fast_forms_;
-        return Copy{.meta = meta, .fast_offset = static_cast<int64_t>(*offset)};
-      }
-      fast_ranges_->Free(*offset, n);
-      fprintf(stderr, "kvstore: page %s not placed in %s, kept in host memory: %s\n",
-              meta.key.ToHex().c_str(), fast_->Describe().c_str(),
-              std::string(written.message()).c_str());
-    }
-  }
-  if (n > options_.capacity_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "page ", meta.key.ToHex(), ": the fast tier is full of leased pages and ", n,
-        " bytes exceed the host tier's capacity of ", options_.capacity_bytes));
-  }
-  KV_RETURN_IF_ERROR(MakeRoomLocked(n, keep, evicted));
-  bytes_used_ += n;
-  ++host_forms_;
-  return Copy{.meta = meta,
-              .host = std::make_shared<const std::vector<uint8_t>>(std::move(bytes))};
-}
-
-std::optional<uint64_t> PageStore::AllocateFastLocked(uint64_t bytes, const PageKey* keep,
-                                                      uint32_t* evicted) {
-  if (bytes > fast_ranges_->size()) return std::nullopt;
-  for (;;) {
-    if (std::optional<uint64_t> offset = fast_ranges_->Allocate(bytes)) return offset;
-    if (!DemoteOneLocked(keep, evicted)) return std::nullopt;
-  }
-}
-
-bool PageStore::DemoteOneLocked(const PageKey* keep, uint32_t* evicted) {
-  auto victim = fast_lru_.begin();
-  while (victim != fast_lru_.end() && (entries_.at(victim->second).pins > 0 ||
-                                       (keep != nullptr && victim->second == *keep))) {
-    ++victim;
-  }
-  if (victim == fast_lru_.end()) return false;
-  const PageKey key = victim->second;
-  uint64_t need = 0;
-  {
-    const Entry& entry = entries_.at(key);
-    if (entry.primary.in_fast()) need += entry.primary.meta.byte_length;
-    if (entry.recent && entry.recent->in_fast()) need += entry.recent->meta.byte_length;
-  }
-  // Room in the host tier; neither the page moving down nor the caller's page may go.
-  // MakeRoomLocked keeps one key: the moving page; the caller's is pinned for the call.
-  uint32_t unused = 0;
-  Entry* kept = nullptr;
-  if (keep != nullptr && *keep != key) {
-    auto it = entries_.find(*keep);
-    if (it != entries_.end()) kept = &it->second;
-  }
-  if (kept != nullptr) ++kept->pins;
-  bool room = MakeRoomLocked(need, &key, evicted != nullptr ? evicted : &unused,
-                             /*host_leaves_only=*/true)
-                  .ok();
-  // The host tier is full of leased pages or parents: drop the page itself if it is a leaf,
-  // else make a host page a leaf by evicting elsewhere.
-  if (!room && entries_.at(key).children != 0) {
-    room = MakeRoomLocked(need, &key, evicted != nullptr ? evicted : &unused).ok();
-  }
-  if (kept != nullptr) --kept->pins;
-  Entry& entry = entries_.at(key);
-  if (!room) {
-    if (entry.children != 0) return false;
-    fprintf(stderr, "kvstore: evicting page %s from %s: no room in host memory\n",
-            key.ToHex().c_str(), fast_->Describe().c_str());
-    EvictLocked(key, evicted);
-    return true;
-  }
-  IndexFastLocked(key, entry, /*insert=*/false);
-  for (Copy* copy : {&entry.primary, entry.recent ? &*entry.recent : nullptr}) {
-    if (copy == nullptr || !copy->in_fast()) continue;
-    absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> bytes = BytesLocked(*copy);
-    if (!bytes.ok()) {
-      fprintf(stderr, "kvstore: page %s lost moving out of %s: %s\n", key.ToHex().c_str(),
-              fast_->Describe().c_str(), std::string(bytes.status().message()).c_str());
-      IndexFastLocked(key, entry, /*insert=*/true);
-      if (entry.children == 0) RemoveLocked(key, RemovalReason::kCorrupted);
-      return true;
-    }
-    FreeCopyLocked(*copy);
-    copy->fast_offset = -1;
-    copy->host = *std::move(bytes);
-    bytes_used_ += copy->meta.byte_length;
-    ++host_forms_;
-    ++stats_.demotions_total;
-  }
-  return true;
-}
-
-absl::StatusOr<std::shared_ptr<const std::vector<uint8_t>>> PageStore::BytesLocked(
-    const Copy& copy) {
-  if (!copy.in_fast()) return copy.host;
-  auto bytes = std::make_shared<std::vector<uint8_t>>(copy.meta.byte_length);
-  KV_RETURN_IF_ERROR(fast_->Read(static_cast<uint64_t>(copy.fast_offset), bytes->data(),
-                                 bytes->size()));
-  return std::shared_ptr<const std::vector<uint8_t>>(std::move(bytes));
-}
-
-void PageStore::FreeCopyLocked(const Copy& copy) {
-  if (copy.in_fast()) {
-    fast_ranges_->Free(static_cast<uint64_t>(copy.fast_offset), copy.meta.byte_length);
-    fast_bytes_used_ -= copy.meta.byte_length;
-    --fast_forms_;
-  } else {
-    bytes_used_ -= copy.meta.byte_length;
-    --host_forms_;
-  }
-}
-
-absl::StatusOr<std::vector<FastTierPlacement>> PageStore::PlaceInFastTier(
-    const std::vector<std::pair<PageKey, bool>>& forms, uint64_t lease_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLeasesLocked(clock_->Now());
-  if (fast_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "this kvstore keeps pages in host memory only (start it with --device for a GPU tier)");
-  }
-  auto lease = leases_.find(lease_id);
-  if (lease == leases_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("lease ", lease_id, " is unknown or expired; pin again"));
-  }
-  // Everything is checked before anything moves, and each entry is looked up once.
-  std::vector<Entry*> found;
-  found.reserve(forms.size());
-  for (const auto& [key, recent] : forms) {
-    auto it = entries_.find(key);
-    if (it == entries_.end()) {
-      return absl::NotFoundError(absl::StrCat("page ", key.ToHex(), " is absent"));
-    }
-    if (recent && !it->second.recent.has_value()) {
-      return absl::NotFoundError(absl::StrCat("page ", key.ToHex(), " has no BF16_RECENT copy"));
-    }
-    if (!lease->second.keys.contains(key)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("lease ", lease_id, " does not cover page ", key.ToHex()));
-    }
-    found.push_back(&it->second);
-  }
-  // Touched first, in order, and then moved up where needed (which changes fast_lru_): the
-  // pages are leased, so touching them earlier changes no demotion.
-  UseOrder::iterator hint = fast_lru_.end();
-  for (size_t i = 0; i < forms.size(); ++i) TouchLocked(forms[i].first, *found[i], &hint);
-  std::vector<FastTierPlacement> placements;
-  placements.reserve(forms.size());
-  bool moved = false;  // a promotion demoted or evicted other pages: look entries up again
-  for (size_t i = 0; i < forms.size(); ++i) {
-    const auto& [key, recent] = forms[i];
-    Entry* entry = moved ? &entries_.at(key) : found[i];
-    Copy* copy = recent ? &*entry->recent : &entry->primary;
-    if (!copy->in_fast()) {
-      const uint64_t n = copy->meta.byte_length;
-      std::optional<uint64_t> offset = AllocateFastLocked(n, &key, nullptr);
-      if (!offset.has_value()) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat(fast_->Describe(), " is full of leased pages (", fast_bytes_used_, " of ",
-                         fast_ranges_->size(), " bytes); fetch the rest with Fetch"));
-      }
-      // Demotion above removed or moved other entries: look this one up again.
-      moved = true;
-      entry = &entries_.at(key);
-      copy = recent ? &*entry->recent : &entry->primary;
-      absl::Status written = fast_->Write(*offset, copy->host->data(), n);
-      if (!written.ok()) {
-        fast_ranges_->Free(*offset, n);
-        return written;
-      }
-      IndexFastLocked(key, *entry, /*insert=*/false);
-      bytes_used_ -= n;
-      --host_forms_;
-      copy->host.reset();
-      copy->fast_offset = static_cast<int64_t>(*offset);
-      fast_bytes_used_ += n;
-      ++fast_forms_;
-      IndexFastLocked(key, *entry, /*insert=*/true);
-      ++stats_.promotions_total;
-    }
-    placements.push_back({.meta = copy->meta, .offset = static_cast<uint64_t>(copy->fast_offset)});
-  }
-  return placements;
-}
-
 void PageStore::RemoveLocked(const PageKey& key, RemovalReason reason) {
   auto it = entries_.find(key);
   KV_CHECK(it != entries_.end()) << "removing absent page " << key.ToHex();
@@ -725,13 +357,6 @@ void PageStore::RemoveLocked(const PageKey& key, RemovalReason reason) {
     }
   }
   entries_.erase(it);
-}
-
-void PageStore::AppendEventLocked(PageEvent event) {
-  event.sequence = ++last_sequence_;
-  events_.push_back(std::move(event));
-  while (events_.size() > options_.event_backlog) events_.pop_front();
-  events_cv_.notify_all();
 }
 
 }  // namespace kvstrata::kvstore
