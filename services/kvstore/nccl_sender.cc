@@ -78,7 +78,7 @@ absl::StatusOr<NcclSetup> NcclSender::Setup(const std::string& client_id) {
         .communicator_id = raw->id, .unique_id = raw->unique_id, .timeout = options_.init_timeout};
   }();
   for (const auto& comm : superseded) comm->Abort();  // outside mu_: an abort may take a while
-  for (auto& c : done) c->thread.join();               // they have ended: immediate
+  for (auto& c : done) c->thread.join();              // they have ended: immediate
   return out;
 }
 
@@ -93,8 +93,15 @@ absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, std::vector<transport:
   uint64_t bytes = 0;
   for (size_t i = 0; i < sends.size(); ++i) {
     const transport::DeviceRange& r = sends[i];
-    if (r.data < pool_ || r.data + r.bytes > pool_ + pool_bytes_) {
-      return absl::InvalidArgumentError(absl::StrCat("send ", i, " lies outside the pool"));
+    // The ranges come from the store's own pool placements, never from the worker: one outside
+    // the pool is this process's bug. Written so that no sum can wrap.
+    const uintptr_t at = reinterpret_cast<uintptr_t>(r.data);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(pool_);
+    if (at < base || r.bytes > pool_bytes_ || at - base > pool_bytes_ - r.bytes) {
+      fprintf(stderr,
+              "kvstrata-kvstore: BUG: NCCL communicator %llu: send %zu lies outside the pool\n",
+              static_cast<unsigned long long>(id), i);
+      return absl::InternalError(absl::StrCat("send ", i, " lies outside the pool"));
     }
     bytes += r.bytes;
   }

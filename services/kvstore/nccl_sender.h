@@ -82,8 +82,10 @@ class NcclSender {
   bool Ready(uint64_t id) const;
   // Queues one transfer on communicator `id`: `sends` ([offset, bytes) ranges of the pool, in
   // the order the worker receives them) sent as one group. FailedPrecondition when the
-  // communicator is not Ready; InvalidArgument for a range outside the pool. `on_done` runs on
-  // the communicator's thread when the sends end (OK, or why not), e.g. to release a lease.
+  // communicator is not Ready; Internal for a range outside the pool (the caller's bug: the
+  // ranges come from PoolRange of the store's own placements, never from the worker; nothing is
+  // queued). `on_done` runs on the communicator's thread when the sends end (OK, or why not),
+  // e.g. to release a lease.
   absl::StatusOr<NcclQueued> Queue(uint64_t id, std::vector<transport::DeviceRange> sends,
                                    std::function<void(const absl::Status&)> on_done);
   // The range of the pool at `offset`, for Queue.

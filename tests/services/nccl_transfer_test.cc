@@ -269,6 +269,29 @@ TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
   EXPECT_EQ(Metric("kvstrata_kvstore_nccl_communicators"), 1);
 }
 
+// The service only queues ranges of pool placements it made: one outside the pool is the store's
+// own bug, not the worker's request, and must not be answered as the worker's bad argument.
+TEST_F(NcclTransferTest, ASendOutsideThePoolIsAnInternalErrorAndQueuesNothing) {
+  Start();
+  const uint64_t id = JoinAsWorker();
+  ASSERT_NE(id, 0u);
+  const transport::DeviceRange in_pool = sender_->PoolRange(0, 256);
+  const std::vector<std::vector<transport::DeviceRange>> bad = {
+      {in_pool, {tier_->base() + tier_->size() - 16, 32}},  // runs off the end
+      {{tier_->base() + 16, ~uint64_t{0} - 8}},             // its end wraps past 2^64
+      {{tier_->base() + tier_->size(), 1}},                 // starts at the end
+  };
+  for (size_t b = 0; b < bad.size(); ++b) {
+    absl::StatusOr<NcclQueued> queued = sender_->Queue(id, bad[b], /*on_done=*/nullptr);
+    EXPECT_EQ(queued.status().code(), absl::StatusCode::kInternal) << b << ": " << queued.status();
+    EXPECT_THAT(std::string(queued.status().message()), HasSubstr("lies outside the pool")) << b;
+  }
+  EXPECT_TRUE(sender_->Ready(id));  // nothing was queued: the communicator's order is intact
+  v1::OpenTransferResponse answer;
+  ASSERT_TRUE(Open(Transfer(id), &answer).ok());
+  EXPECT_EQ(answer.transfer_id(), 1u);
+}
+
 TEST_F(NcclTransferTest, ATransferLargerThanTheWorkersRoomFallsBackKeepingTheCommunicator) {
   Start();
   const uint64_t id = JoinAsWorker();
