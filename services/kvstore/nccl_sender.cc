@@ -88,7 +88,8 @@ bool NcclSender::Ready(uint64_t id) const {
   return it != comms_.end() && it->second->ready && !it->second->broken && !it->second->stopping;
 }
 
-absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, std::vector<transport::DeviceRange> sends,
+absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, const std::string& client_id,
+                                             std::vector<transport::DeviceRange> sends,
                                              std::function<void(const absl::Status&)> on_done) {
   uint64_t bytes = 0;
   for (size_t i = 0; i < sends.size(); ++i) {
@@ -107,6 +108,15 @@ absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, std::vector<transport:
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = comms_.find(id);
+  // Before readiness: a communicator carries only its own worker's transfers (another's would
+  // take that worker's place in the communicator's order and its bytes would go to the owner).
+  if (it != comms_.end() && it->second->client_id != client_id) {
+    fprintf(stderr,
+            "kvstrata-kvstore: NCCL communicator %llu of %s named by client_id '%s': refused\n",
+            static_cast<unsigned long long>(id), it->second->client_id.c_str(), client_id.c_str());
+    return absl::PermissionDeniedError(absl::StrCat(
+        "nccl.communicator_id: ", id, " was set up by another client_id, not '", client_id, "'"));
+  }
   if (it == comms_.end() || !it->second->ready || it->second->broken || it->second->stopping) {
     return absl::FailedPreconditionError(
         absl::StrCat("nccl.communicator_id: ", id, " is not a ready communicator of this store"));

@@ -282,13 +282,38 @@ TEST_F(NcclTransferTest, ASendOutsideThePoolIsAnInternalErrorAndQueuesNothing) {
       {{tier_->base() + tier_->size(), 1}},                 // starts at the end
   };
   for (size_t b = 0; b < bad.size(); ++b) {
-    absl::StatusOr<NcclQueued> queued = sender_->Queue(id, bad[b], /*on_done=*/nullptr);
+    absl::StatusOr<NcclQueued> queued = sender_->Queue(id, "worker-0", bad[b], /*on_done=*/nullptr);
     EXPECT_EQ(queued.status().code(), absl::StatusCode::kInternal) << b << ": " << queued.status();
     EXPECT_THAT(std::string(queued.status().message()), HasSubstr("lies outside the pool")) << b;
   }
   EXPECT_TRUE(sender_->Ready(id));  // nothing was queued: the communicator's order is intact
   v1::OpenTransferResponse answer;
   ASSERT_TRUE(Open(Transfer(id), &answer).ok());
+  EXPECT_EQ(answer.transfer_id(), 1u);
+}
+
+TEST_F(NcclTransferTest, AnotherWorkersCommunicatorIsRefusedAndKeepsItsOrder) {
+  Start();
+  const uint64_t id = JoinAsWorker();  // worker-0's
+  ASSERT_NE(id, 0u);
+  for (const char* other : {"worker-1", ""}) {
+    v1::OpenTransferRequest request = Transfer(id);
+    request.set_client_id(other);
+    v1::OpenTransferResponse answer;
+    grpc::Status s = Open(request, &answer);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << other;
+    EXPECT_THAT(s.error_message(), HasSubstr("nccl.communicator_id")) << other;
+    EXPECT_EQ(store_->Stats().pinned_pages, 0u) << other;  // the lease it made went with it
+  }
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    EXPECT_EQ(nccl_.record().sends_posted, 1);  // the warm-up only
+  }
+  // Nothing was queued on it: its worker's next transfer is still number 1.
+  EXPECT_TRUE(sender_->Ready(id));
+  v1::OpenTransferResponse answer;
+  ASSERT_TRUE(Open(Transfer(id), &answer).ok());
+  ASSERT_EQ(answer.transport(), v1::TRANSPORT_NCCL);
   EXPECT_EQ(answer.transfer_id(), 1u);
 }
 
