@@ -229,6 +229,7 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
                              .gpu_uuid = uuid,
                              .client_id = options_.worker_id,
                              .receive_bytes = options_.nccl_receive_bytes,
+                             .max_receive_wait = options_.nccl_receive_timeout,
                              .int2_encoding = engine_->cache().int2_encoding()});
       }
     }
@@ -568,8 +569,8 @@ void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& ca
   }
   call.local_pages = static_cast<int>(pages.size());
   const absl::Time fetch_start = absl::Now();
-  FetchedPrefix fetched =
-      FetchCachedPrefix(call.request_id, call.namespace_key, call.keys, pages.size());
+  FetchedPrefix fetched = FetchCachedPrefix(call.request_id, call.namespace_key, call.keys,
+                                            pages.size(), call.deadline);
   call.kvstore_pages = static_cast<int>(fetched.size());
   for (std::string& page : fetched.pages) pages.push_back(std::move(page));
   call.engine_request.device_cached_pages = std::move(fetched.device_pages);

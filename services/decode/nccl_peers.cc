@@ -1,5 +1,6 @@
 #include "services/decode/nccl_peers.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <utility>
@@ -117,7 +118,7 @@ void NcclPeers::Forget(Peer* peer, const char* why) {
 
 absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
     Lane& lane, const v1::OpenTransferResponse& answer, std::span<const PageKey> keys,
-    const PageKey& first_parent, int64_t first_index) {
+    const PageKey& first_parent, int64_t first_index, absl::Time request_deadline) {
   Peer* peer = lane.peer();
   transport::NcclCommunicator* comm;
   uint64_t expected_transfer;
@@ -170,9 +171,21 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
     recvs.push_back({at, p.byte_length(i)});
     checks.push_back({at, p.byte_length(i), p.digest64(i)});
   }
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(answer.transfer_timeout_ms());
+  // The store's deadline is its own to keep; this worker waits no longer than its own cap and
+  // than its request has left (a request past its deadline is better computed than waited on).
+  const absl::Time now = absl::Now();
+  const absl::Time store_deadline = now + absl::Milliseconds(answer.transfer_timeout_ms());
+  const absl::Time cap = now + options_.max_receive_wait;
+  const absl::Time deadline = std::min({store_deadline, cap, request_deadline});
   if (absl::Status s = comm->Transfer(static_cast<int>(answer.store_rank()), {}, recvs, deadline);
       !s.ok()) {
+    if (absl::IsDeadlineExceeded(s) && deadline < store_deadline) {
+      const char* bound = deadline == request_deadline ? "the request's deadline"
+                                                       : "the worker's --nccl_receive_timeout_ms";
+      return fail(absl::DeadlineExceededError(absl::StrCat(s.message(), " (", bound, ", ",
+                                                           absl::FormatDuration(deadline - now),
+                                                           ", came before the store's)")));
+    }
     return fail(s);
   }
   if (absl::Status s = runtime_->VerifyDigests(options_.device, checks); !s.ok()) {
