@@ -230,6 +230,9 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
                              .client_id = options_.worker_id,
                              .receive_bytes = options_.nccl_receive_bytes,
                              .max_receive_wait = options_.nccl_receive_timeout,
+                             // No prompt is longer than the context, so no fetch has more pages.
+                             .max_transfer_pages = static_cast<size_t>(
+                                 std::max(1, max_context_ / page_tokens_)),
                              .int2_encoding = engine_->cache().int2_encoding()});
       }
     }

@@ -5,7 +5,8 @@
 // the store (OpenTransfer with nccl.setup, then a non-blocking join as rank 1 and the store's
 // warm-up) and kept; and a receive slab per store on the worker's GPU, registered with the
 // communicator, into which a fetch's pages arrive in one grouped receive, their digests checked
-// on the GPU before they are handed on. A communicator that misses a deadline or fails is
+// on the GPU (by a digest checker made with the slab, on a stream of its own) before they are
+// handed on. A communicator that misses a deadline or fails is
 // aborted and made again, in the background, after a pause; the fetch it failed is a miss.
 //
 // One transfer per store at a time (NCCL pairs a peer's sends and receives by order, and the
@@ -39,6 +40,10 @@ struct NcclPeersOptions {
   // transfer_timeout_ms says (a store could name hours); the request's deadline may end the wait
   // sooner. Past it the communicator is aborted and the fetch is a miss.
   absl::Duration max_receive_wait = absl::Seconds(5);
+  // Per store: the most pages one transfer carries, which sizes its digest checker's scratch
+  // (allocated once, with the slab). 0: receive_bytes / 256, every page at its own 256-byte
+  // step, the densest the store places them. The decode service passes its longest prompt.
+  size_t max_transfer_pages = 0;
   absl::Duration setup_retry = absl::Seconds(10);  // after a failed setup, before the next
   // After a store answered that NCCL is not possible with it (FAILED_PRECONDITION: a store
   // without a GPU tier or NCCL, or on this very GPU), before it is asked again.

@@ -144,6 +144,49 @@ TEST_F(DecodeNcclTest, AFetchIsOneTransferOfTheWholePrefixIntoTheWorkersMemory) 
   EXPECT_EQ(c.transfer_bytes, 2 * (chain_[0].bytes.size() * 3));
 }
 
+// The digest check's scratch is the peer's, made once with its slab and sized for the most pages
+// the slab takes: no fetch allocates for it.
+TEST_F(DecodeNcclTest, TheDigestCheckerIsMadeOncePerStoreForTheSlabsMostPages) {
+  Start();  // a receive slab of 1 MiB
+  for (int round = 0; round < 2; ++round) {
+    std::shared_ptr<NcclPeers::Lane> lane =
+        round == 0 ? ReadyLane() : peers_->Acquire(client_.get());
+    ASSERT_NE(lane, nullptr);
+    absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_TRUE(
+        peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture())
+            .ok());
+  }
+  std::lock_guard<std::mutex> lock(nccl_.mu());
+  EXPECT_EQ(nccl_.record().digest_checkers, 1);
+  EXPECT_EQ(nccl_.record().digest_checker_pages, size_t{(1 << 20) / 256});
+  EXPECT_EQ(nccl_.record().digest_checks, 2);
+}
+
+TEST_F(DecodeNcclTest, ATransferOfMorePagesThanTheCheckerHoldsIsAMissBeforeAnyReceive) {
+  NcclPeersOptions peers;
+  peers.max_transfer_pages = 2;  // the chain has 3
+  Start(/*store_has_nccl=*/true, {}, peers);
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    EXPECT_EQ(nccl_.record().digest_checker_pages, 2u);
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
+  EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
+  EXPECT_THAT(std::string(pages.status().message()), ::testing::HasSubstr("checks at once"));
+  // The store's sends were queued: the communicator's order is lost, so it goes.
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+  std::lock_guard<std::mutex> lock(nccl_.mu());
+  EXPECT_EQ(nccl_.record().digest_checks, 0);
+}
+
 TEST_F(DecodeNcclTest, APageCorruptedInFlightIsAMissAndTheCommunicatorStays) {
   Start();
   std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();

@@ -256,7 +256,10 @@ TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
                                chain_[i].bytes.size()))
           << "page " << i;
     }
-    EXPECT_TRUE(nccl_.VerifyDigests(0, checks).ok());
+    absl::StatusOr<std::unique_ptr<transport::DigestChecker>> checker =
+        nccl_.NewDigestChecker(/*device=*/0, /*max_pages=*/checks.size());
+    ASSERT_TRUE(checker.ok()) << checker.status();
+    EXPECT_TRUE((*checker)->Check(checks).ok());
     EXPECT_EQ(store_->Stats().pinned_pages, 3u);  // under the answered lease until released
     EXPECT_TRUE(store_->Release(answer.lease_id()));
   }
