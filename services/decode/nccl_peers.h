@@ -32,9 +32,9 @@
 namespace kvstrata::decode {
 
 struct NcclPeersOptions {
-  int device = -1;                             // the worker's GPU
-  std::string gpu_uuid;                        // its "GPU-..." id, sent as device.gpu_uuid
-  std::string client_id;                       // the worker's id, for the stores' logs
+  int device = -1;        // the worker's GPU
+  std::string gpu_uuid;   // its "GPU-..." id, sent as device.gpu_uuid
+  std::string client_id;  // the worker's id: a store binds its communicators to it
   uint64_t receive_bytes = uint64_t{1} << 30;  // per store: the largest transfer taken
   // The longest this worker waits for one transfer's bytes, whatever the store's
   // transfer_timeout_ms says (a store could name hours); the request's deadline may end the wait
