@@ -2,10 +2,10 @@
 
 // NCCL between GPUs behind a small seam (docs/kvstore.md#nccl-between-gpus): a runtime that makes
 // communicator ids, joins communicators with a deadline, gives device memory to move pages
-// through and checks page digests where the bytes lie; and a communicator that runs one grouped
-// transfer with a deadline. SystemNccl() is NCCL itself, opened at run time (libnccl.so.2);
-// tests put a fake behind the same interfaces, so the kvstore's and the worker's NCCL code builds
-// and is tested without a GPU.
+// through and digest checkers that check pages where the bytes lie; and a communicator that runs
+// one grouped transfer with a deadline. SystemNccl() is NCCL itself, opened at run time
+// (libnccl.so.2); tests put a fake behind the same interfaces, so the kvstore's and the worker's
+// NCCL code builds and is tested without a GPU.
 
 #include <atomic>
 #include <cstdint>
@@ -37,6 +37,20 @@ struct DigestCheck {
   const uint8_t* data = nullptr;  // device, 16-byte aligned
   uint64_t bytes = 0;             // a multiple of 16
   uint64_t expected_digest = 0;
+};
+
+// Checks page digests where the bytes lie (on the GPU: kernels/cuda/page_gather.h in its
+// digest-only mode, no copy to the host), up to max_pages() pages a call. Made once per receive
+// slab: its scratch (device memory for the descriptors, sums and flags, pinned host memory to
+// stage them) is allocated when it is made, and it runs on a stream of its own, synchronising
+// only that stream, so a check allocates nothing and waits for no other work on the GPU. One
+// check at a time (not thread-safe; the worker holds a store's lane while checking).
+class DigestChecker {
+ public:
+  virtual ~DigestChecker() = default;
+  virtual size_t max_pages() const = 0;
+  // DataLoss naming the first page that differs; InvalidArgument for more than max_pages().
+  virtual absl::Status Check(std::span<const DigestCheck> pages) = 0;
 };
 
 // One member of an NCCL communicator. Thread-safe: transfers run one at a time, in call order
@@ -75,9 +89,10 @@ class NcclRuntime {
       const std::atomic<bool>* cancel = nullptr) = 0;
   // `bytes` of device memory on cuda:`device`, freed when the last reference goes.
   virtual absl::StatusOr<std::shared_ptr<DeviceRange>> Allocate(int device, uint64_t bytes) = 0;
-  // Checks each page's digest where its bytes lie (on the GPU: kernels/cuda/page_gather.h in its
-  // digest-only mode, no copy to the host). DataLoss naming the first page that differs.
-  virtual absl::Status VerifyDigests(int device, std::span<const DigestCheck> pages) = 0;
+  // A digest checker on cuda:`device` for up to `max_pages` pages a check (>= 1), its scratch
+  // allocated now: ResourceExhausted when it does not fit.
+  virtual absl::StatusOr<std::unique_ptr<DigestChecker>> NewDigestChecker(int device,
+                                                                          size_t max_pages) = 0;
   // NCCL_VERSION_CODE of the library (DeviceInfo.nccl_version).
   virtual uint32_t version() const = 0;
 };

@@ -7,9 +7,11 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -254,6 +256,120 @@ class SystemCommunicator final : public NcclCommunicator {
   std::vector<void*> registered_;
 };
 
+// Everything a check needs, allocated once: the descriptors, sums and flags on the device (one
+// allocation, small beside the pages: 44 bytes a page), the descriptors and flags staged in
+// pinned host memory (so the copies are asynchronous on the checker's stream), and the stream.
+class SystemDigestChecker final : public DigestChecker {
+ public:
+  static absl::StatusOr<std::unique_ptr<DigestChecker>> Make(int device, size_t max_pages) {
+    if (max_pages == 0) return absl::InvalidArgumentError("a digest checker of 0 pages");
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return CudaError("cudaSetDevice", e);
+    }
+    auto c = std::unique_ptr<SystemDigestChecker>(new SystemDigestChecker(device, max_pages));
+    const size_t n = max_pages;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      c->stream_ = nullptr;
+      return CudaError("cudaStreamCreate (digest check)", e);
+    }
+    if (cudaError_t e = cudaMalloc(&c->device_scratch_, n * kDeviceBytesPerPage);
+        e != cudaSuccess) {
+      c->device_scratch_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of the digest check's ", n * kDeviceBytesPerPage,
+                       " bytes on cuda:", device, ": ", cudaGetErrorString(e)));
+    }
+    if (cudaError_t e = cudaMallocHost(&c->host_scratch_, n * kHostBytesPerPage);
+        e != cudaSuccess) {
+      c->host_scratch_ = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("cudaMallocHost of the digest check's ",
+                                                       n * kHostBytesPerPage,
+                                                       " bytes: ", cudaGetErrorString(e)));
+    }
+    return std::unique_ptr<DigestChecker>(std::move(c));
+  }
+
+  ~SystemDigestChecker() override {
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (device_scratch_ != nullptr) cudaFree(device_scratch_);
+    if (host_scratch_ != nullptr) cudaFreeHost(host_scratch_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  size_t max_pages() const override { return max_pages_; }
+
+  absl::Status Check(std::span<const DigestCheck> pages) override {
+    if (pages.empty()) return absl::OkStatus();
+    const size_t n = pages.size();
+    if (n > max_pages_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(n, " pages to check, above the checker's ", max_pages_));
+    }
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      return CudaError("cudaSetDevice", e);
+    }
+    // Device: [max_pages] descriptors, then [max_pages] sums, then [max_pages] flags; host: the
+    // descriptors, then the flags.
+    auto* d_copies = static_cast<kernels::PageCopy*>(device_scratch_);
+    auto* d_sums = reinterpret_cast<unsigned long long*>(d_copies + max_pages_);
+    auto* d_mismatch = reinterpret_cast<uint32_t*>(d_sums + max_pages_);
+    auto* h_copies = static_cast<kernels::PageCopy*>(host_scratch_);
+    auto* h_mismatch = reinterpret_cast<uint32_t*>(h_copies + max_pages_);
+    uint64_t max_bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      h_copies[i] = {.src = pages[i].data,
+                     .dst = nullptr,
+                     .bytes = pages[i].bytes,
+                     .expected_digest = pages[i].expected_digest};
+      max_bytes = std::max(max_bytes, pages[i].bytes);
+    }
+    if (cudaError_t e = cudaMemcpyAsync(d_copies, h_copies, n * sizeof(kernels::PageCopy),
+                                        cudaMemcpyHostToDevice, stream_);
+        e != cudaSuccess) {
+      return CudaError("cudaMemcpyAsync (digest check)", e);
+    }
+    kernels::PageGatherParams params{.copies = d_copies,
+                                     .num_pages = static_cast<int>(n),
+                                     .max_page_bytes = max_bytes,
+                                     .sums = d_sums,
+                                     .mismatch = d_mismatch};
+    if (cudaError_t e = kernels::LaunchPageGather(params, stream_); e != cudaSuccess) {
+      cudaStreamSynchronize(stream_);  // the staged descriptors are reused by the next check
+      return CudaError("the digest kernel", e);
+    }
+    if (cudaError_t e = cudaMemcpyAsync(h_mismatch, d_mismatch, n * sizeof(uint32_t),
+                                        cudaMemcpyDeviceToHost, stream_);
+        e != cudaSuccess) {
+      cudaStreamSynchronize(stream_);
+      return CudaError("cudaMemcpyAsync (digest check)", e);
+    }
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+      return CudaError("the digest kernel", e);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (h_mismatch[i] != 0) {
+        return absl::DataLossError(absl::StrCat("page ", i, " of the transfer: digest mismatch"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr size_t kDeviceBytesPerPage =
+      sizeof(kernels::PageCopy) + sizeof(unsigned long long) + sizeof(uint32_t);
+  static constexpr size_t kHostBytesPerPage = sizeof(kernels::PageCopy) + sizeof(uint32_t);
+
+  SystemDigestChecker(int device, size_t max_pages) : device_(device), max_pages_(max_pages) {}
+
+  const int device_;
+  const size_t max_pages_;
+  cudaStream_t stream_ = nullptr;
+  void* device_scratch_ = nullptr;
+  void* host_scratch_ = nullptr;
+};
+
 class SystemRuntime final : public NcclRuntime {
  public:
   explicit SystemRuntime(NcclLibrary lib) : lib_(std::move(lib)) {}
@@ -346,63 +462,9 @@ class SystemRuntime final : public NcclRuntime {
     });
   }
 
-  absl::Status VerifyDigests(int device, std::span<const DigestCheck> pages) override {
-    if (pages.empty()) return absl::OkStatus();
-    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      return CudaError("cudaSetDevice", e);
-    }
-    std::vector<kernels::PageCopy> copies(pages.size());
-    uint64_t max_bytes = 0;
-    for (size_t i = 0; i < pages.size(); ++i) {
-      copies[i] = {.src = pages[i].data,
-                   .dst = nullptr,
-                   .bytes = pages[i].bytes,
-                   .expected_digest = pages[i].expected_digest};
-      max_bytes = std::max(max_bytes, pages[i].bytes);
-    }
-    const size_t n = pages.size();
-    // One allocation for the descriptors, the sums and the flags; small beside the pages.
-    const size_t copies_bytes = n * sizeof(kernels::PageCopy);
-    const size_t sums_bytes = n * sizeof(unsigned long long);
-    void* scratch = nullptr;
-    if (cudaError_t e = cudaMalloc(&scratch, copies_bytes + sums_bytes + n * sizeof(uint32_t));
-        e != cudaSuccess) {
-      return CudaError("cudaMalloc (digest check)", e);
-    }
-    auto* d_copies = static_cast<kernels::PageCopy*>(scratch);
-    auto* d_sums =
-        reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch) + copies_bytes);
-    auto* d_mismatch =
-        reinterpret_cast<uint32_t*>(static_cast<char*>(scratch) + copies_bytes + sums_bytes);
-    std::vector<uint32_t> mismatch(n, 0);
-    absl::Status status = [&]() -> absl::Status {
-      if (cudaError_t e = cudaMemcpy(d_copies, copies.data(), copies_bytes, cudaMemcpyHostToDevice);
-          e != cudaSuccess) {
-        return CudaError("cudaMemcpy (digest check)", e);
-      }
-      kernels::PageGatherParams params{.copies = d_copies,
-                                       .num_pages = static_cast<int>(n),
-                                       .max_page_bytes = max_bytes,
-                                       .sums = d_sums,
-                                       .mismatch = d_mismatch};
-      if (cudaError_t e = kernels::LaunchPageGather(params, /*stream=*/nullptr); e != cudaSuccess) {
-        return CudaError("the digest kernel", e);
-      }
-      if (cudaError_t e =
-              cudaMemcpy(mismatch.data(), d_mismatch, n * sizeof(uint32_t), cudaMemcpyDeviceToHost);
-          e != cudaSuccess) {
-        return CudaError("the digest kernel", e);
-      }
-      return absl::OkStatus();
-    }();
-    cudaFree(scratch);
-    if (!status.ok()) return status;
-    for (size_t i = 0; i < n; ++i) {
-      if (mismatch[i] != 0) {
-        return absl::DataLossError(absl::StrCat("page ", i, " of the transfer: digest mismatch"));
-      }
-    }
-    return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<DigestChecker>> NewDigestChecker(int device,
+                                                                  size_t max_pages) override {
+    return SystemDigestChecker::Make(device, max_pages);
   }
 
   uint32_t version() const override { return static_cast<uint32_t>(lib_.version); }

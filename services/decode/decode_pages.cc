@@ -54,9 +54,9 @@ void DecodeService::StoreLocal(const std::string& request_id,
 }
 
 DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string& request_id,
-                                                             const PageKey& namespace_key,
-                                                             const std::vector<PageKey>& keys,
-                                                             size_t skip) {
+                                                              const PageKey& namespace_key,
+                                                              const std::vector<PageKey>& keys,
+                                                              size_t skip, absl::Time deadline) {
   if (ring_ == nullptr || keys.empty() || skip >= keys.size()) return {};
   kvstore::KvStoreClient* client;
   {
@@ -103,9 +103,9 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
     const std::span<const PageKey> run = std::span<const PageKey>(keys).subspan(skip, refs.size());
     v1::Transport used = v1::TRANSPORT_UNSPECIFIED;
     bool miss = false;
-    std::optional<std::vector<engine::DevicePage>> device =
-        OpenSameGpuTransfer(client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
-                            static_cast<int64_t>(skip), lease_id, lane.get(), &used, &miss);
+    std::optional<std::vector<engine::DevicePage>> device = OpenSameGpuTransfer(
+        client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
+        static_cast<int64_t>(skip), lease_id, deadline, lane.get(), &used, &miss);
     if (nccl_ != nullptr) SyncNcclMetrics();
     if (device) {
       out.device_pages = *std::move(device);
@@ -148,8 +148,8 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
 
 std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfer(
     kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
-    const PageKey& first_parent, int64_t first_index, uint64_t lease_id, NcclPeers::Lane* lane,
-    v1::Transport* used, bool* miss) {
+    const PageKey& first_parent, int64_t first_index, uint64_t lease_id, absl::Time deadline,
+    NcclPeers::Lane* lane, v1::Transport* used, bool* miss) {
   if (lease_id == 0) return std::nullopt;
   v1::OpenTransferRequest request;
   request.set_client_id(options_.worker_id);
@@ -182,7 +182,7 @@ std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfe
   if (used != nullptr) *used = answer->transport();
   if (answer->transport() == v1::TRANSPORT_NCCL && lane != nullptr) {
     absl::StatusOr<std::vector<engine::DevicePage>> pages =
-        nccl_->Receive(*lane, *answer, keys, first_parent, first_index);
+        nccl_->Receive(*lane, *answer, keys, first_parent, first_index, deadline);
     if (!pages.ok()) {
       *miss = true;
       metrics_->kvstore_errors.With({"transfer"}).Increment();

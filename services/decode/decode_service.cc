@@ -229,6 +229,10 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
                              .gpu_uuid = uuid,
                              .client_id = options_.worker_id,
                              .receive_bytes = options_.nccl_receive_bytes,
+                             .max_receive_wait = options_.nccl_receive_timeout,
+                             // No prompt is longer than the context, so no fetch has more pages.
+                             .max_transfer_pages = static_cast<size_t>(
+                                 std::max(1, max_context_ / page_tokens_)),
                              .int2_encoding = engine_->cache().int2_encoding()});
       }
     }
@@ -568,8 +572,8 @@ void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& ca
   }
   call.local_pages = static_cast<int>(pages.size());
   const absl::Time fetch_start = absl::Now();
-  FetchedPrefix fetched =
-      FetchCachedPrefix(call.request_id, call.namespace_key, call.keys, pages.size());
+  FetchedPrefix fetched = FetchCachedPrefix(call.request_id, call.namespace_key, call.keys,
+                                            pages.size(), call.deadline);
   call.kvstore_pages = static_cast<int>(fetched.size());
   for (std::string& page : fetched.pages) pages.push_back(std::move(page));
   call.engine_request.device_cached_pages = std::move(fetched.device_pages);

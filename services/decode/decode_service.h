@@ -70,6 +70,9 @@ struct DecodeServiceOptions {
   std::string nccl_gpu_uuid;
   // Per kvstore: the receive slab on the worker's GPU, the largest prefix taken over NCCL.
   uint64_t nccl_receive_bytes = uint64_t{1} << 30;
+  // The longest a fetch waits for an NCCL transfer's bytes, whatever the store says (the
+  // request's deadline may end it sooner); past it the transfer is a miss.
+  absl::Duration nccl_receive_timeout = absl::Seconds(5);
   // Capacity of the local page tier in bytes; 0 = no local tier.
   int64_t local_cache_bytes = int64_t{256} << 20;
   // Requests waiting for the engine (queued here plus waiting in the scheduler) before Generate
@@ -192,17 +195,20 @@ class DecodeService final : public GenerationService {
     std::shared_ptr<void> lease;                  // released when the last holder lets go
     size_t size() const { return pages.size() + device_pages.size(); }
   };
+  // `deadline` is the request's: no wait for the bytes goes past it.
   FetchedPrefix FetchCachedPrefix(const std::string& request_id, const PageKey& namespace_key,
-                                  const std::vector<PageKey>& keys, size_t skip);
+                                  const std::vector<PageKey>& keys, size_t skip,
+                                  absl::Time deadline);
   // The same-GPU pool's pages for `keys` (primary forms, consecutive pages of one chain), under
   // `lease_id`; nullopt when the store answers another transport or anything fails (then
   // Fetch). `first_parent` is the parent of keys[0]'s page, whose index is `first_index`.
   // With `lane`, TRANSPORT_NCCL is offered too (after the pool, before the byte stream), and
-  // `used` tells which transport the pages came by; an NCCL transfer that fails sets *miss (the
-  // caller then fetches nothing: the prefix is computed).
+  // `used` tells which transport the pages came by; an NCCL transfer that fails, or whose bytes
+  // are not in by `deadline` (the request's) or the worker's --nccl_receive_timeout_ms, sets
+  // *miss (the caller then fetches nothing: the prefix is computed).
   std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
       kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
-      const PageKey& first_parent, int64_t first_index, uint64_t lease_id,
+      const PageKey& first_parent, int64_t first_index, uint64_t lease_id, absl::Time deadline,
       NcclPeers::Lane* lane = nullptr, v1::Transport* used = nullptr, bool* miss = nullptr);
   // Copies NcclPeers' totals into the kvstrata_decode_nccl_* counters.
   void SyncNcclMetrics();

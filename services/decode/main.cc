@@ -60,6 +60,12 @@ ABSL_FLAG(bool, nccl_transport, true,
 ABSL_FLAG(uint32_t, nccl_receive_mb, 1024,
           "With --nccl_transport: the receive memory per kvstore on this GPU, in MiB: the "
           "largest prefix taken over NCCL (100K tokens of an 8B model are ~2.1 GB).");
+ABSL_FLAG(uint32_t, nccl_receive_timeout_ms, 5000,
+          "With --nccl_transport: the longest a request waits for a prefix's bytes over NCCL, in "
+          "ms, whatever the kvstore's deadline says; the request's own deadline may end the wait "
+          "sooner. Past it the communicator is aborted (made again in the background) and the "
+          "request computes the prefix. Leave room for the largest prefix: --nccl_receive_mb at "
+          "the link's speed.");
 ABSL_FLAG(bool, same_gpu_with_page_macs, false,
           "With --page_mac_key_file: keep the same-GPU transport on. Its pages are checked by "
           "their digest, not their MAC, so this trusts the kvstore on this GPU (in Kubernetes, "
@@ -162,6 +168,12 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
         absl::StrCat("--nccl_receive_mb=", nccl_mb, ": must be in [1, 1048576]"));
   }
   config.service.nccl_receive_bytes = uint64_t{nccl_mb} << 20;
+  const uint32_t nccl_wait_ms = absl::GetFlag(FLAGS_nccl_receive_timeout_ms);
+  if (nccl_wait_ms == 0 || nccl_wait_ms > 600000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nccl_receive_timeout_ms=", nccl_wait_ms, ": must be in [1, 600000]"));
+  }
+  config.service.nccl_receive_timeout = absl::Milliseconds(nccl_wait_ms);
   if (device->cuda && absl::GetFlag(FLAGS_nccl_transport)) {
     absl::StatusOr<transport::NcclRuntime*> nccl = transport::SystemNccl();
     if (nccl.ok()) {

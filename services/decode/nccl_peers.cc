@@ -1,5 +1,6 @@
 #include "services/decode/nccl_peers.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <utility>
@@ -8,10 +9,17 @@
 #include "absl/time/clock.h"
 
 namespace kvstrata::decode {
+namespace {
+
+// The store places each page of a transfer at a multiple of this (OpenTransferResponse).
+constexpr uint64_t kTransferPageAlign = 256;
+
+}  // namespace
 
 struct NcclPeers::Peer {
   std::string address;
   std::shared_ptr<transport::DeviceRange> slab;       // made at the first setup, kept
+  std::unique_ptr<transport::DigestChecker> checker;  // for the slab's pages: made with it, kept
   std::shared_ptr<transport::NcclCommunicator> comm;  // set when ready
   // Joined, not yet warmed up: the destructor aborts it, so that a warm-up the store never
   // sends ends now rather than at the setup's deadline (the store's init timeout, 30 s).
@@ -117,7 +125,7 @@ void NcclPeers::Forget(Peer* peer, const char* why) {
 
 absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
     Lane& lane, const v1::OpenTransferResponse& answer, std::span<const PageKey> keys,
-    const PageKey& first_parent, int64_t first_index) {
+    const PageKey& first_parent, int64_t first_index, absl::Time request_deadline) {
   Peer* peer = lane.peer();
   transport::NcclCommunicator* comm;
   uint64_t expected_transfer;
@@ -150,6 +158,11 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
       p.encoding_size() != n) {
     return fail(absl::DataLossError("the NCCL transfer's placements do not match the pages"));
   }
+  if (static_cast<size_t>(n) > peer->checker->max_pages()) {
+    return fail(absl::DataLossError(absl::StrCat("the NCCL transfer's ", n, " pages exceed the ",
+                                                 peer->checker->max_pages(),
+                                                 " this worker checks at once")));
+  }
   if (answer.total_bytes() > peer->slab->bytes) {
     return fail(absl::DataLossError(absl::StrCat("the NCCL transfer's ", answer.total_bytes(),
                                                  " bytes exceed the receive slab")));
@@ -170,12 +183,24 @@ absl::StatusOr<std::vector<engine::DevicePage>> NcclPeers::Receive(
     recvs.push_back({at, p.byte_length(i)});
     checks.push_back({at, p.byte_length(i), p.digest64(i)});
   }
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(answer.transfer_timeout_ms());
+  // The store's deadline is its own to keep; this worker waits no longer than its own cap and
+  // than its request has left (a request past its deadline is better computed than waited on).
+  const absl::Time now = absl::Now();
+  const absl::Time store_deadline = now + absl::Milliseconds(answer.transfer_timeout_ms());
+  const absl::Time cap = now + options_.max_receive_wait;
+  const absl::Time deadline = std::min({store_deadline, cap, request_deadline});
   if (absl::Status s = comm->Transfer(static_cast<int>(answer.store_rank()), {}, recvs, deadline);
       !s.ok()) {
+    if (absl::IsDeadlineExceeded(s) && deadline < store_deadline) {
+      const char* bound = deadline == request_deadline ? "the request's deadline"
+                                                       : "the worker's --nccl_receive_timeout_ms";
+      return fail(absl::DeadlineExceededError(absl::StrCat(s.message(), " (", bound, ", ",
+                                                           absl::FormatDuration(deadline - now),
+                                                           ", came before the store's)")));
+    }
     return fail(s);
   }
-  if (absl::Status s = runtime_->VerifyDigests(options_.device, checks); !s.ok()) {
+  if (absl::Status s = peer->checker->Check(checks); !s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (absl::IsDataLoss(s)) {
       ++counts_.digest_failures;
@@ -253,7 +278,16 @@ absl::Status NcclPeers::SetupOnce(Peer* peer, kvstore::KvStoreClient* client) {
       absl::StatusOr<std::shared_ptr<transport::DeviceRange>> slab = runtime_->Allocate(
           options_.device, std::max(options_.receive_bytes, transport::kNcclWarmupBytes));
       if (!slab.ok()) return slab.status();
+      // The digest check's scratch, once, for the most pages the slab takes: no transfer
+      // allocates device memory or waits on another stream than the checker's.
+      const size_t max_pages = options_.max_transfer_pages > 0
+                                   ? options_.max_transfer_pages
+                                   : std::max<size_t>(1, (*slab)->bytes / kTransferPageAlign);
+      absl::StatusOr<std::unique_ptr<transport::DigestChecker>> checker =
+          runtime_->NewDigestChecker(options_.device, max_pages);
+      if (!checker.ok()) return checker.status();
       peer->slab = *std::move(slab);
+      peer->checker = *std::move(checker);
     }
   }
   const absl::Time deadline = absl::Now() + absl::Milliseconds(answer->transfer_timeout_ms());

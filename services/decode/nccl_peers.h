@@ -5,7 +5,8 @@
 // the store (OpenTransfer with nccl.setup, then a non-blocking join as rank 1 and the store's
 // warm-up) and kept; and a receive slab per store on the worker's GPU, registered with the
 // communicator, into which a fetch's pages arrive in one grouped receive, their digests checked
-// on the GPU before they are handed on. A communicator that misses a deadline or fails is
+// on the GPU (by a digest checker made with the slab, on a stream of its own) before they are
+// handed on. A communicator that misses a deadline or fails is
 // aborted and made again, in the background, after a pause; the fetch it failed is a miss.
 //
 // One transfer per store at a time (NCCL pairs a peer's sends and receives by order, and the
@@ -31,10 +32,18 @@
 namespace kvstrata::decode {
 
 struct NcclPeersOptions {
-  int device = -1;                                 // the worker's GPU
-  std::string gpu_uuid;                            // its "GPU-..." id, sent as device.gpu_uuid
-  std::string client_id;                           // the worker's id, for the stores' logs
-  uint64_t receive_bytes = uint64_t{1} << 30;      // per store: the largest transfer taken
+  int device = -1;        // the worker's GPU
+  std::string gpu_uuid;   // its "GPU-..." id, sent as device.gpu_uuid
+  std::string client_id;  // the worker's id: a store binds its communicators to it
+  uint64_t receive_bytes = uint64_t{1} << 30;  // per store: the largest transfer taken
+  // The longest this worker waits for one transfer's bytes, whatever the store's
+  // transfer_timeout_ms says (a store could name hours); the request's deadline may end the wait
+  // sooner. Past it the communicator is aborted and the fetch is a miss.
+  absl::Duration max_receive_wait = absl::Seconds(5);
+  // Per store: the most pages one transfer carries, which sizes its digest checker's scratch
+  // (allocated once, with the slab). 0: receive_bytes / 256, every page at its own 256-byte
+  // step, the densest the store places them. The decode service passes its longest prompt.
+  size_t max_transfer_pages = 0;
   absl::Duration setup_retry = absl::Seconds(10);  // after a failed setup, before the next
   // After a store answered that NCCL is not possible with it (FAILED_PRECONDITION: a store
   // without a GPU tier or NCCL, or on this very GPU), before it is asked again.
@@ -74,14 +83,14 @@ class NcclPeers {
   void NotChosen(Lane& lane, const v1::OpenTransferResponse& answer);
   // The answer's pages received into the lane's slab and checked on the GPU, as device pages
   // valid while `lane` lives. keys[i] is page first_index + i, keys[0]'s parent first_parent.
+  // The wait for the bytes ends at the earliest of the store's transfer_timeout_ms, the
+  // worker's max_receive_wait and `request_deadline` (the request's own; InfiniteFuture: none).
   // Any error is a miss (the caller does not retry another way): a transfer error or a missed
-  // deadline aborts the communicator (made again in the background); a digest mismatch is
-  // DataLoss.
-  absl::StatusOr<std::vector<engine::DevicePage>> Receive(Lane& lane,
-                                                          const v1::OpenTransferResponse& answer,
-                                                          std::span<const PageKey> keys,
-                                                          const PageKey& first_parent,
-                                                          int64_t first_index);
+  // deadline (DeadlineExceeded) aborts the communicator (made again in the background); a
+  // digest mismatch is DataLoss.
+  absl::StatusOr<std::vector<engine::DevicePage>> Receive(
+      Lane& lane, const v1::OpenTransferResponse& answer, std::span<const PageKey> keys,
+      const PageKey& first_parent, int64_t first_index, absl::Time request_deadline);
 
   NcclPeersCounts Counts() const;
   // Whether a communicator with `address` is ready (tests, logs).

@@ -78,7 +78,7 @@ absl::StatusOr<NcclSetup> NcclSender::Setup(const std::string& client_id) {
         .communicator_id = raw->id, .unique_id = raw->unique_id, .timeout = options_.init_timeout};
   }();
   for (const auto& comm : superseded) comm->Abort();  // outside mu_: an abort may take a while
-  for (auto& c : done) c->thread.join();               // they have ended: immediate
+  for (auto& c : done) c->thread.join();              // they have ended: immediate
   return out;
 }
 
@@ -88,18 +88,35 @@ bool NcclSender::Ready(uint64_t id) const {
   return it != comms_.end() && it->second->ready && !it->second->broken && !it->second->stopping;
 }
 
-absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, std::vector<transport::DeviceRange> sends,
+absl::StatusOr<NcclQueued> NcclSender::Queue(uint64_t id, const std::string& client_id,
+                                             std::vector<transport::DeviceRange> sends,
                                              std::function<void(const absl::Status&)> on_done) {
   uint64_t bytes = 0;
   for (size_t i = 0; i < sends.size(); ++i) {
     const transport::DeviceRange& r = sends[i];
-    if (r.data < pool_ || r.data + r.bytes > pool_ + pool_bytes_) {
-      return absl::InvalidArgumentError(absl::StrCat("send ", i, " lies outside the pool"));
+    // The ranges come from the store's own pool placements, never from the worker: one outside
+    // the pool is this process's bug. Written so that no sum can wrap.
+    const uintptr_t at = reinterpret_cast<uintptr_t>(r.data);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(pool_);
+    if (at < base || r.bytes > pool_bytes_ || at - base > pool_bytes_ - r.bytes) {
+      fprintf(stderr,
+              "kvstrata-kvstore: BUG: NCCL communicator %llu: send %zu lies outside the pool\n",
+              static_cast<unsigned long long>(id), i);
+      return absl::InternalError(absl::StrCat("send ", i, " lies outside the pool"));
     }
     bytes += r.bytes;
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = comms_.find(id);
+  // Before readiness: a communicator carries only its own worker's transfers (another's would
+  // take that worker's place in the communicator's order and its bytes would go to the owner).
+  if (it != comms_.end() && it->second->client_id != client_id) {
+    fprintf(stderr,
+            "kvstrata-kvstore: NCCL communicator %llu of %s named by client_id '%s': refused\n",
+            static_cast<unsigned long long>(id), it->second->client_id.c_str(), client_id.c_str());
+    return absl::PermissionDeniedError(absl::StrCat(
+        "nccl.communicator_id: ", id, " was set up by another client_id, not '", client_id, "'"));
+  }
   if (it == comms_.end() || !it->second->ready || it->second->broken || it->second->stopping) {
     return absl::FailedPreconditionError(
         absl::StrCat("nccl.communicator_id: ", id, " is not a ready communicator of this store"));

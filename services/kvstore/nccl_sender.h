@@ -80,11 +80,15 @@ class NcclSender {
   absl::StatusOr<NcclSetup> Setup(const std::string& client_id);
   // Whether communicator `id` is joined, warm and unbroken: a transfer on it may be queued.
   bool Ready(uint64_t id) const;
-  // Queues one transfer on communicator `id`: `sends` ([offset, bytes) ranges of the pool, in
-  // the order the worker receives them) sent as one group. FailedPrecondition when the
-  // communicator is not Ready; InvalidArgument for a range outside the pool. `on_done` runs on
-  // the communicator's thread when the sends end (OK, or why not), e.g. to release a lease.
-  absl::StatusOr<NcclQueued> Queue(uint64_t id, std::vector<transport::DeviceRange> sends,
+  // Queues one transfer on communicator `id` for `client_id`: `sends` ([offset, bytes) ranges of
+  // the pool, in the order the worker receives them) sent as one group. PermissionDenied when
+  // the communicator was set up by another client_id (each is bound to its worker's);
+  // FailedPrecondition when it is not Ready; Internal for a range outside the pool (the caller's
+  // bug: the ranges come from PoolRange of the store's own placements, never from the worker;
+  // nothing is queued). `on_done` runs on the communicator's thread when the sends end (OK, or why
+  // not), e.g. to release a lease.
+  absl::StatusOr<NcclQueued> Queue(uint64_t id, const std::string& client_id,
+                                   std::vector<transport::DeviceRange> sends,
                                    std::function<void(const absl::Status&)> on_done);
   // The range of the pool at `offset`, for Queue.
   transport::DeviceRange PoolRange(uint64_t offset, uint64_t bytes) const {

@@ -101,8 +101,8 @@ absl::StatusOr<bool> KvStoreService::QueueNcclTransfer(const v1::OpenTransferReq
     sends.push_back(options_.nccl->PoolRange(p.offset, p.meta.byte_length));
   }
   // The pages stay pinned by the client's lease, which it releases once it holds the bytes.
-  absl::StatusOr<NcclQueued> queued =
-      options_.nccl->Queue(communicator, std::move(sends), /*on_done=*/nullptr);
+  absl::StatusOr<NcclQueued> queued = options_.nccl->Queue(communicator, request.client_id(),
+                                                           std::move(sends), /*on_done=*/nullptr);
   if (absl::IsFailedPrecondition(queued.status())) {
     response->set_communicator_id(0);  // aborted since ChooseTransport: set up again
     return false;

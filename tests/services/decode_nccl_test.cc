@@ -124,7 +124,8 @@ TEST_F(DecodeNcclTest, AFetchIsOneTransferOfTheWholePrefixIntoTheWorkersMemory) 
     ASSERT_TRUE(answer.ok()) << answer.status();
     ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
     absl::StatusOr<std::vector<engine::DevicePage>> pages =
-        peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, /*first_index=*/0);
+        peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, /*first_index=*/0,
+                        /*request_deadline=*/absl::InfiniteFuture());
     ASSERT_TRUE(pages.ok()) << pages.status();
     ASSERT_EQ(pages->size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
@@ -143,6 +144,49 @@ TEST_F(DecodeNcclTest, AFetchIsOneTransferOfTheWholePrefixIntoTheWorkersMemory) 
   EXPECT_EQ(c.transfer_bytes, 2 * (chain_[0].bytes.size() * 3));
 }
 
+// The digest check's scratch is the peer's, made once with its slab and sized for the most pages
+// the slab takes: no fetch allocates for it.
+TEST_F(DecodeNcclTest, TheDigestCheckerIsMadeOncePerStoreForTheSlabsMostPages) {
+  Start();  // a receive slab of 1 MiB
+  for (int round = 0; round < 2; ++round) {
+    std::shared_ptr<NcclPeers::Lane> lane =
+        round == 0 ? ReadyLane() : peers_->Acquire(client_.get());
+    ASSERT_NE(lane, nullptr);
+    absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_TRUE(
+        peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture())
+            .ok());
+  }
+  std::lock_guard<std::mutex> lock(nccl_.mu());
+  EXPECT_EQ(nccl_.record().digest_checkers, 1);
+  EXPECT_EQ(nccl_.record().digest_checker_pages, size_t{(1 << 20) / 256});
+  EXPECT_EQ(nccl_.record().digest_checks, 2);
+}
+
+TEST_F(DecodeNcclTest, ATransferOfMorePagesThanTheCheckerHoldsIsAMissBeforeAnyReceive) {
+  NcclPeersOptions peers;
+  peers.max_transfer_pages = 2;  // the chain has 3
+  Start(/*store_has_nccl=*/true, {}, peers);
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    EXPECT_EQ(nccl_.record().digest_checker_pages, 2u);
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
+  EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
+  EXPECT_THAT(std::string(pages.status().message()), ::testing::HasSubstr("checks at once"));
+  // The store's sends were queued: the communicator's order is lost, so it goes.
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+  std::lock_guard<std::mutex> lock(nccl_.mu());
+  EXPECT_EQ(nccl_.record().digest_checks, 0);
+}
+
 TEST_F(DecodeNcclTest, APageCorruptedInFlightIsAMissAndTheCommunicatorStays) {
   Start();
   std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
@@ -154,7 +198,7 @@ TEST_F(DecodeNcclTest, APageCorruptedInFlightIsAMissAndTheCommunicatorStays) {
   absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
   ASSERT_TRUE(answer.ok());
   absl::StatusOr<std::vector<engine::DevicePage>> pages =
-      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0);
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
   EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
   EXPECT_EQ(peers_->Counts().digest_failures, 1u);
   EXPECT_TRUE(peers_->Ready(client_->address()));
@@ -174,7 +218,7 @@ TEST_F(DecodeNcclTest, APlacementWhoseEndWrapsPastTheSlabIsRefusedBeforeAnyRecei
   ASSERT_GT(offset, 0u);
   bad.mutable_placements()->set_byte_length(1, ~uint64_t{0} - offset + 1);
   absl::StatusOr<std::vector<engine::DevicePage>> pages =
-      peers_->Receive(*lane, bad, keys_, chain_[0].meta.parent_key, 0);
+      peers_->Receive(*lane, bad, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
   EXPECT_TRUE(absl::IsDataLoss(pages.status())) << pages.status();
   EXPECT_THAT(std::string(pages.status().message()), ::testing::HasSubstr("page 1 is misplaced"));
 }
@@ -191,7 +235,7 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   ASSERT_TRUE(WaitUntil([&] { return sender_->Counts().transfer_failures == 1; }));
   const absl::Time start = absl::Now();
   absl::StatusOr<std::vector<engine::DevicePage>> pages =
-      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0);
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
   EXPECT_FALSE(pages.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // nothing hangs
   EXPECT_EQ(peers_->Counts().transfer_failures, 1u);
@@ -208,7 +252,70 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   ASSERT_TRUE(next.ok());
   ASSERT_EQ(next->transport(), v1::TRANSPORT_NCCL);
   EXPECT_EQ(next->transfer_id(), 1u);  // a new communicator's order starts again
-  EXPECT_TRUE(peers_->Receive(*again, *next, keys_, chain_[0].meta.parent_key, 0).ok());
+  EXPECT_TRUE(
+      peers_->Receive(*again, *next, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture())
+          .ok());
+}
+
+// A store's transfer_timeout_ms is the store's to keep: the worker's wait has its own cap.
+TEST_F(DecodeNcclTest, AReceiveWaitsNoLongerThanTheWorkersOwnCap) {
+  kvstore::NcclSenderOptions sender;
+  sender.transfer_timeout = absl::Seconds(20);  // the store would have the worker wait 20 s
+  NcclPeersOptions peers;
+  peers.max_receive_wait = absl::Milliseconds(200);
+  Start(/*store_has_nccl=*/true, sender, peers);
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().hold_sends = true;  // the bytes never arrive
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  ASSERT_GE(answer->transfer_timeout_ms(), 20000u);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(pages.status())) << pages.status();
+  EXPECT_THAT(std::string(pages.status().message()),
+              ::testing::HasSubstr("--nccl_receive_timeout_ms"));
+  EXPECT_GE(waited, absl::Milliseconds(150));
+  EXPECT_LT(waited, absl::Seconds(5));
+  // Aborted like any missed deadline: a miss, and a new communicator in the background.
+  EXPECT_EQ(peers_->Counts().transfer_failures, 1u);
+  EXPECT_EQ(peers_->Counts().aborts, 1u);
+  EXPECT_FALSE(peers_->Ready(client_->address()));
+}
+
+TEST_F(DecodeNcclTest, AReceiveEndsAtTheRequestsDeadline) {
+  kvstore::NcclSenderOptions sender;
+  sender.transfer_timeout = absl::Seconds(20);
+  NcclPeersOptions peers;
+  peers.max_receive_wait = absl::Seconds(20);
+  Start(/*store_has_nccl=*/true, sender, peers);
+  std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+  ASSERT_NE(lane, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    nccl_.record().hold_sends = true;
+  }
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<engine::DevicePage>> pages =
+      peers_->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, 0,
+                      /*request_deadline=*/start + absl::Milliseconds(200));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(pages.status())) << pages.status();
+  EXPECT_THAT(std::string(pages.status().message()),
+              ::testing::HasSubstr("the request's deadline"));
+  EXPECT_GE(waited, absl::Milliseconds(150));
+  EXPECT_LT(waited, absl::Seconds(5));
+  EXPECT_EQ(peers_->Counts().transfer_failures, 1u);
+  EXPECT_FALSE(peers_->Ready(client_->address()));
 }
 
 TEST_F(DecodeNcclTest, ShutdownDuringAWarmUpTheStoreNeverSendsEndsNow) {
@@ -246,8 +353,8 @@ TEST_F(DecodeNcclTest, AStoreThatGoesAwayMidTransferIsAMissWithinTheDeadline) {
   v1::OpenTransferResponse shortened = *answer;
   shortened.set_transfer_timeout_ms(300);
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<engine::DevicePage>> pages =
-      peers_->Receive(*lane, shortened, keys_, chain_[0].meta.parent_key, 0);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages = peers_->Receive(
+      *lane, shortened, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
   EXPECT_FALSE(pages.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(peers_->Counts().transfer_failures, 1u);

@@ -256,7 +256,10 @@ TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
                                chain_[i].bytes.size()))
           << "page " << i;
     }
-    EXPECT_TRUE(nccl_.VerifyDigests(0, checks).ok());
+    absl::StatusOr<std::unique_ptr<transport::DigestChecker>> checker =
+        nccl_.NewDigestChecker(/*device=*/0, /*max_pages=*/checks.size());
+    ASSERT_TRUE(checker.ok()) << checker.status();
+    EXPECT_TRUE((*checker)->Check(checks).ok());
     EXPECT_EQ(store_->Stats().pinned_pages, 3u);  // under the answered lease until released
     EXPECT_TRUE(store_->Release(answer.lease_id()));
   }
@@ -267,6 +270,54 @@ TEST_F(NcclTransferTest, TransfersMoveThePagesInOrderAndCount) {
   EXPECT_EQ(Metric("kvstrata_kvstore_nccl_communicators_made_total"), 1);
   EXPECT_EQ(Metric("kvstrata_kvstore_transfers_total{transport=\"nccl\"}"), 2);
   EXPECT_EQ(Metric("kvstrata_kvstore_nccl_communicators"), 1);
+}
+
+// The service only queues ranges of pool placements it made: one outside the pool is the store's
+// own bug, not the worker's request, and must not be answered as the worker's bad argument.
+TEST_F(NcclTransferTest, ASendOutsideThePoolIsAnInternalErrorAndQueuesNothing) {
+  Start();
+  const uint64_t id = JoinAsWorker();
+  ASSERT_NE(id, 0u);
+  const transport::DeviceRange in_pool = sender_->PoolRange(0, 256);
+  const std::vector<std::vector<transport::DeviceRange>> bad = {
+      {in_pool, {tier_->base() + tier_->size() - 16, 32}},  // runs off the end
+      {{tier_->base() + 16, ~uint64_t{0} - 8}},             // its end wraps past 2^64
+      {{tier_->base() + tier_->size(), 1}},                 // starts at the end
+  };
+  for (size_t b = 0; b < bad.size(); ++b) {
+    absl::StatusOr<NcclQueued> queued = sender_->Queue(id, "worker-0", bad[b], /*on_done=*/nullptr);
+    EXPECT_EQ(queued.status().code(), absl::StatusCode::kInternal) << b << ": " << queued.status();
+    EXPECT_THAT(std::string(queued.status().message()), HasSubstr("lies outside the pool")) << b;
+  }
+  EXPECT_TRUE(sender_->Ready(id));  // nothing was queued: the communicator's order is intact
+  v1::OpenTransferResponse answer;
+  ASSERT_TRUE(Open(Transfer(id), &answer).ok());
+  EXPECT_EQ(answer.transfer_id(), 1u);
+}
+
+TEST_F(NcclTransferTest, AnotherWorkersCommunicatorIsRefusedAndKeepsItsOrder) {
+  Start();
+  const uint64_t id = JoinAsWorker();  // worker-0's
+  ASSERT_NE(id, 0u);
+  for (const char* other : {"worker-1", ""}) {
+    v1::OpenTransferRequest request = Transfer(id);
+    request.set_client_id(other);
+    v1::OpenTransferResponse answer;
+    grpc::Status s = Open(request, &answer);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << other;
+    EXPECT_THAT(s.error_message(), HasSubstr("nccl.communicator_id")) << other;
+    EXPECT_EQ(store_->Stats().pinned_pages, 0u) << other;  // the lease it made went with it
+  }
+  {
+    std::lock_guard<std::mutex> lock(nccl_.mu());
+    EXPECT_EQ(nccl_.record().sends_posted, 1);  // the warm-up only
+  }
+  // Nothing was queued on it: its worker's next transfer is still number 1.
+  EXPECT_TRUE(sender_->Ready(id));
+  v1::OpenTransferResponse answer;
+  ASSERT_TRUE(Open(Transfer(id), &answer).ok());
+  ASSERT_EQ(answer.transport(), v1::TRANSPORT_NCCL);
+  EXPECT_EQ(answer.transfer_id(), 1u);
 }
 
 TEST_F(NcclTransferTest, ATransferLargerThanTheWorkersRoomFallsBackKeepingTheCommunicator) {

@@ -5,7 +5,8 @@
 // for the other ranks), and transfers that behave like NCCL's point-to-point: a rank's sends to
 // a peer are matched in order with that peer's receives, a send completes only when received,
 // and a size mismatch is an error. Faults for the failure paths: a Join that fails, bytes
-// corrupted in flight. Abort wakes whoever waits on the communicator.
+// corrupted in flight. Abort wakes whoever waits on the communicator. Digest checkers check on
+// the host, refuse more pages than they were made for, and are counted.
 
 #include <algorithm>
 #include <atomic>
@@ -32,11 +33,14 @@ class FakeNccl final : public transport::NcclRuntime {
     int joins = 0;  // communicators joined (every rank counts)
     int join_timeouts = 0;
     int aborts = 0;
-    int transfers = 0;    // Transfer calls that completed
+    int transfers = 0;     // Transfer calls that completed
     int sends_posted = 0;  // sends handed to a peer's channel (received or not)
     bool fail_joins = false;
-    bool corrupt_next_send = false;  // flips a byte of the next page sent
-    bool hold_sends = false;         // sends are posted but never reach the peer (a dead sender)
+    bool corrupt_next_send = false;   // flips a byte of the next page sent
+    bool hold_sends = false;          // sends are posted but never reach the peer (a dead sender)
+    int digest_checkers = 0;          // NewDigestChecker calls
+    size_t digest_checker_pages = 0;  // max_pages of the last one
+    int digest_checks = 0;            // Check calls that ran (within max_pages)
   };
 
   absl::StatusOr<std::string> NewUniqueId() override {
@@ -83,13 +87,12 @@ class FakeNccl final : public transport::NcclRuntime {
         range, [storage](transport::DeviceRange* r) { delete r; });
   }
 
-  absl::Status VerifyDigests(int device, std::span<const transport::DigestCheck> pages) override {
-    for (size_t i = 0; i < pages.size(); ++i) {
-      if (PageDigest64(pages[i].data, pages[i].bytes) != pages[i].expected_digest) {
-        return absl::DataLossError(absl::StrCat("page ", i, " of the transfer: digest mismatch"));
-      }
-    }
-    return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<transport::DigestChecker>> NewDigestChecker(
+      int device, size_t max_pages) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++record_.digest_checkers;
+    record_.digest_checker_pages = max_pages;
+    return std::unique_ptr<transport::DigestChecker>(new Checker(this, max_pages));
   }
 
   uint32_t version() const override { return 22809; }
@@ -101,6 +104,31 @@ class FakeNccl final : public transport::NcclRuntime {
   struct Message {
     std::vector<uint8_t> bytes;
     bool* received;  // set by the receiver; the sender waits for it
+  };
+  class Checker final : public transport::DigestChecker {
+   public:
+    Checker(FakeNccl* nccl, size_t max_pages) : nccl_(nccl), max_pages_(max_pages) {}
+    size_t max_pages() const override { return max_pages_; }
+    absl::Status Check(std::span<const transport::DigestCheck> pages) override {
+      if (pages.size() > max_pages_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(pages.size(), " pages, above the checker's ", max_pages_));
+      }
+      {
+        std::lock_guard<std::mutex> lock(nccl_->mu_);
+        ++nccl_->record_.digest_checks;
+      }
+      for (size_t i = 0; i < pages.size(); ++i) {
+        if (PageDigest64(pages[i].data, pages[i].bytes) != pages[i].expected_digest) {
+          return absl::DataLossError(absl::StrCat("page ", i, " of the transfer: digest mismatch"));
+        }
+      }
+      return absl::OkStatus();
+    }
+
+   private:
+    FakeNccl* nccl_;
+    size_t max_pages_;
   };
   struct World {
     explicit World(int n) : num_ranks(n) {}

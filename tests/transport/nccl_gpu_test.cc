@@ -86,13 +86,22 @@ TEST_F(NcclGpuTest, GroupedSelfTransferMovesPagesAndDigestsCheck) {
     ASSERT_EQ(0, memcmp(back.data() + offsets[i], host.data() + offsets[i], sizes[i]))
         << "page " << i;
   }
-  EXPECT_TRUE(nccl_->VerifyDigests(0, checks).ok());
+  // Sized above this transfer, as a worker's is for its slab; checked twice, so the second
+  // check reuses the scratch and stream the first left behind.
+  absl::StatusOr<std::unique_ptr<DigestChecker>> checker =
+      nccl_->NewDigestChecker(/*device=*/0, /*max_pages=*/sizes.size() + 10);
+  ASSERT_TRUE(checker.ok()) << checker.status();
+  EXPECT_EQ((*checker)->max_pages(), sizes.size() + 10);
+  EXPECT_TRUE((*checker)->Check(checks).ok());
+  EXPECT_TRUE((*checker)->Check(checks).ok());
+  std::vector<DigestCheck> too_many(sizes.size() + 11, checks[0]);
+  EXPECT_TRUE(absl::IsInvalidArgument((*checker)->Check(too_many)));
 
   // One byte of page 3 flipped where it landed: the digest check names page 3.
   uint8_t flipped = static_cast<uint8_t>(back[offsets[3] + 100] ^ 0x40);
   ASSERT_EQ(cudaMemcpy((*dst)->data + offsets[3] + 100, &flipped, 1, cudaMemcpyHostToDevice),
             cudaSuccess);
-  absl::Status bad = nccl_->VerifyDigests(0, checks);
+  absl::Status bad = (*checker)->Check(checks);
   EXPECT_TRUE(absl::IsDataLoss(bad)) << bad;
   EXPECT_NE(bad.message().find("page 3 "), std::string::npos) << bad;
   EXPECT_FALSE(comm->broken());
