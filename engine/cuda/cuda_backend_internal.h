@@ -1,9 +1,10 @@
 #pragma once
 
-// The CUDA backend's class, shared by its two source files: cuda_backend.cc (start-up, weights,
-// buffers, and each pass's plan: page tables, segments, metadata staging, graphs) and
-// cuda_backend_layers.cc (the launches of a pass: embedding, layers, logits). Include only from
-// those two.
+// The CUDA backend's class, shared by its three source files: cuda_backend.cc (start-up,
+// weights, buffers, and Run: the steps of a pass), cuda_backend_plan.cc (each pass's plan on the
+// host: page tables, segments, metadata staging, launch parameters) and cuda_backend_layers.cc
+// (the launches of a pass: embedding, layers, logits, the decode graphs). Include only from
+// those three.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -153,11 +154,27 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  struct Plan;  // one forward pass's device arrays
+  struct Plan;      // one forward pass's device arrays
+  struct HostPlan;  // the same pass's arrays on the host, before staging
   // A pass; then the draws (one per item, or null: no device sampling) and the logits' copy.
   absl::Status Run(const std::vector<ForwardItem>& batch,
                    const std::vector<const DeviceDraw*>* draws, bool host_logits,
                    std::vector<float>* logits, std::vector<DeviceSampled>* sampled);
+  // The plan of a pass, in the order Run takes its steps (cuda_backend_plan.cc).
+  // Checks each item continues its sequence in the vocabulary, and the batch fits the buffers.
+  absl::Status CheckBatch(const std::vector<ForwardItem>& batch, HostPlan* host) const;
+  // The host arrays of a batch whose appends have begun, and its history bucket.
+  void BuildHostArrays(const std::vector<ForwardItem>& batch, HostPlan* host) const;
+  // A decode item's pages as the split decode's segments: sink, history, recent window.
+  void AddDecodeSegments(const SequenceKv& seq, int64_t end, int row, HostPlan* host) const;
+  // Packs the host arrays into one metadata copy, enqueues it, and points the plan at them.
+  absl::Status StageMetadata(const HostPlan& host, Plan* plan);
+  // The chunk attention's counts, pools and layout (its arrays are staged already).
+  void PlanChunkAttention(const HostPlan& host, Plan* plan) const;
+  // The split decode's parameters and grid; checks its workspace fits.
+  absl::Status PlanDecodeAttention(const HostPlan& host, Plan* plan) const;
+  // The number of logit rows; checks they fit the logits buffer.
+  absl::Status PlanLogits(const HostPlan& host, Plan* plan) const;
   absl::Status UploadWeights();
   absl::Status AllocateActivations();
   // y fp32 [rows][out] (+)= x [rows][in] · Wᵀ, W [out][in], x and W in type_.
@@ -170,6 +187,8 @@ class CudaBackend final : public Backend {
   absl::Status Mlp(const LayerDeviceWeights& w, int T);
   // Every launch of a pass, from the embedding to the logits GEMM (what a graph captures).
   absl::Status RunPass(const Plan& plan);
+  // Replays the decode graph of (items, history_bucket), capturing it first if there is none.
+  absl::Status LaunchDecodeGraph(const Plan& plan, int items, int history_bucket);
 
   const model::LoadedModel& model_;
   const model::ModelConfig& cfg_;
@@ -234,6 +253,30 @@ struct CudaBackend::Plan {
   kernels::SplitDecodePlan decode_plan;
   int logit_rows = 0;
   const int32_t* logit_row_ids = nullptr;
+};
+
+// One forward pass's arrays on the host, as BuildHostArrays lays them out for StageMetadata.
+// Rows number the batch's tokens; page lists are CSR (an indptr from 0, then the slots).
+struct CudaBackend::HostPlan {
+  int tokens = 0;
+  int items = 0;
+  std::vector<int> offset;  // each item's first row
+  bool graph = false;       // a decode step, run as the CUDA graph of its bucket
+  int max_pages = 0;        // of a sequence of the model's whole context
+  // Per token: the token, its position, and where its K/V row is appended.
+  std::vector<int32_t> ids, positions, append_slot, append_row;
+  std::vector<int32_t> demote_src, demote_dst;  // pages to demote: BF16 slot -> INT2 slot
+  // Chunk attention items: first row, length, first position; BF16 and INT2 slots per page.
+  std::vector<int32_t> c_offset, c_len, c_pos0, c_indptr = {0}, c_bf16, c_int2;
+  // Split decode items: their rows; per segment (sink, history, window) CSR pages, last length.
+  std::vector<int32_t> d_rows, seg_indptr[3] = {{0}, {0}, {0}}, seg_indices[3], seg_last[3];
+  std::vector<int32_t> logit_rows;      // the batch rows logits are computed for
+  std::vector<int32_t> last_logit_row;  // per item, its last row among logit_rows
+
+  int max_len = 0;           // the longest chunk item (graph steps: 0)
+  int max_history = 0;       // history pages the split decode plans for (its bucket)
+  int max_window_pages = 0;  // sink and recent-window pages it plans for
+  int history_bucket = 0;    // with items, the key of the decode graph
 };
 
 }  // namespace kvstrata::engine::cuda_internal

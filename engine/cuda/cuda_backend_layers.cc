@@ -1,6 +1,7 @@
 // The launches of one forward pass of the CUDA backend: the embedding, each layer (norms, GEMMs,
 // the per-head steps, the KV append and demotion, attention, the MLP) and the logits. What a
-// decode step's CUDA graph captures; the pass's plan comes from cuda_backend.cc.
+// decode step's CUDA graph captures, and its capture and replay; the pass's plan comes from
+// cuda_backend_plan.cc.
 
 #include "core/status_macros.h"
 #include "engine/cuda/cuda_backend_internal.h"
@@ -53,6 +54,26 @@ absl::Status CudaBackend::RunPass(const Plan& plan) {
                           "RmsNormTo");
   return Gemm(final_half_.as<void>(), R, H, lm_head_, cfg_.vocab_size, logits_.as<float>(),
               /*accumulate=*/false);
+}
+
+absl::Status CudaBackend::LaunchDecodeGraph(const Plan& plan, int items, int history_bucket) {
+  auto it = decode_graphs_.find({items, history_bucket});
+  if (it == decode_graphs_.end()) {
+    KV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                            "cudaStreamBeginCapture");
+    const absl::Status captured = RunPass(plan);
+    cudaGraph_t g = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &g);
+    KV_RETURN_IF_ERROR(captured);
+    KV_CUDA_RETURN_IF_ERROR(ended, "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    KV_CUDA_RETURN_IF_ERROR(made, "cudaGraphInstantiate");
+    it = decode_graphs_.emplace(std::make_pair(items, history_bucket), exec).first;
+  }
+  KV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
