@@ -208,7 +208,9 @@ absl::Status CudaBackend::Forward(const std::vector<ForwardItem>& batch,
 absl::Status CudaBackend::Run(const std::vector<ForwardItem>& batch,
                               const std::vector<const DeviceDraw*>* draws, bool host_logits,
                               std::vector<float>* logits, std::vector<DeviceSampled>* sampled) {
-  HostPlan host;
+  if (host_plan_ == nullptr) host_plan_ = std::make_unique<HostPlan>();
+  HostPlan& host = *host_plan_;
+  host.Reset();
   KV_RETURN_IF_ERROR(CheckBatch(batch, &host));
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_), "cudaSetDevice");
   for (const ForwardItem& it : batch) {

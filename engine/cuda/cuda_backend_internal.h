@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +46,7 @@ class Metadata {
   // Appends the values, in room for `capacity` of them (at least their number), and returns
   // their offset in bytes (16-byte aligned). With capacities fixed, every array of a pass has
   // the same offset each time: what a replayed CUDA graph needs.
-  int64_t Add(const std::vector<int32_t>& values, size_t capacity = 0) {
+  int64_t Add(std::span<const int32_t> values, size_t capacity = 0) {
     const int64_t at = (static_cast<int64_t>(bytes_.size()) + 15) / 16 * 16;
     bytes_.resize(at + std::max(values.size(), capacity) * sizeof(int32_t));
     if (!values.empty()) std::memcpy(bytes_.data() + at, values.data(), values.size() * 4);
@@ -223,6 +224,7 @@ class CudaBackend final : public Backend {
   uint8_t* pinned_ = nullptr;  // staging for the metadata copy
   size_t pinned_bytes_ = 0;
   Metadata meta_;
+  std::unique_ptr<HostPlan> host_plan_;  // every pass's host arrays, reused (Run)
   int64_t max_split_workspace_ = 0;
   int max_logit_rows_ = 0;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
@@ -277,6 +279,25 @@ struct CudaBackend::HostPlan {
   int max_history = 0;       // history pages the split decode plans for (its bucket)
   int max_window_pages = 0;  // sink and recent-window pages it plans for
   int history_bucket = 0;    // with items, the key of the decode graph
+
+  // Empty for the next pass, keeping every array's capacity: a warm decode step allocates
+  // nothing on the host.
+  void Reset() {
+    tokens = items = max_pages = max_len = max_history = max_window_pages = history_bucket = 0;
+    graph = false;
+    for (std::vector<int32_t>* v : {&ids, &positions, &append_slot, &append_row, &demote_src,
+                                    &demote_dst, &c_offset, &c_len, &c_pos0, &c_bf16, &c_int2,
+                                    &d_rows, &logit_rows, &last_logit_row}) {
+      v->clear();
+    }
+    offset.clear();
+    c_indptr.assign(1, 0);
+    for (int s = 0; s < 3; ++s) {
+      seg_indptr[s].assign(1, 0);
+      seg_indices[s].clear();
+      seg_last[s].clear();
+    }
+  }
 };
 
 }  // namespace kvstrata::engine::cuda_internal

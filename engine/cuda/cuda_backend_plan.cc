@@ -141,7 +141,7 @@ absl::Status CudaBackend::StageMetadata(const HostPlan& h, Plan* plan) {
   // A graph step gives every array its room for the largest batch of B items.
   auto cap = [&](int64_t n) { return h.graph ? static_cast<size_t>(n) : size_t{0}; };
   meta_.Clear();
-  const std::vector<int32_t> demote_count = {static_cast<int32_t>(h.demote_src.size())};
+  const int32_t demote_count[1] = {static_cast<int32_t>(h.demote_src.size())};
   const int64_t o_ids = meta_.Add(h.ids, cap(B)), o_pos = meta_.Add(h.positions, cap(B));
   const int64_t o_aslot = meta_.Add(h.append_slot, cap(B));
   const int64_t o_arow = meta_.Add(h.append_row, cap(B));
