@@ -79,7 +79,19 @@ class DecodeNcclTest : public ::testing::Test {
   std::shared_ptr<NcclPeers::Lane> ReadyLane() {
     EXPECT_EQ(peers_->Acquire(client_.get()), nullptr);  // the first meeting starts the setup
     EXPECT_TRUE(WaitUntil([&] { return peers_->Ready(client_->address()); }));
-    return peers_->Acquire(client_.get());
+    std::shared_ptr<NcclPeers::Lane> lane = peers_->Acquire(client_.get());
+    if (lane != nullptr) WaitForTheStoresSide(*lane);
+    return lane;
+  }
+
+  // The worker's side is ready once the warm-up has arrived; the store marks its own side only
+  // after its send returns, and until then a transfer fairly goes by gRPC.
+  void WaitForTheStoresSide(const NcclPeers::Lane& lane) {
+    if (sender_ == nullptr) return;
+    v1::OpenTransferRequest probe;
+    peers_->Offer(lane, &probe);
+    const uint64_t id = probe.nccl().communicator_id();
+    EXPECT_TRUE(WaitUntil([&] { return sender_->Ready(id); })) << "communicator " << id;
   }
 
   // OpenTransfer for the chain as the worker sends it (the pool offered first, then NCCL).
@@ -248,6 +260,7 @@ TEST_F(DecodeNcclTest, ATransferPastItsDeadlineIsAMissAndANewCommunicatorIsMade)
   EXPECT_EQ(peers_->Counts().communicators_made, 2u);
   std::shared_ptr<NcclPeers::Lane> again = peers_->Acquire(client_.get());
   ASSERT_NE(again, nullptr);
+  WaitForTheStoresSide(*again);
   absl::StatusOr<v1::OpenTransferResponse> next = Open(*again);
   ASSERT_TRUE(next.ok());
   ASSERT_EQ(next->transport(), v1::TRANSPORT_NCCL);
