@@ -172,6 +172,8 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
       s.request.cached_pages.shrink_to_fit();
       s.request.device_cached_pages.clear();
     }
+    // Nothing reads the cached pages' memory again (the copies into the slots have ended).
+    s.request.cached_pages_owner.reset();
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }

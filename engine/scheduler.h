@@ -37,9 +37,14 @@ struct GenerationRequest {
   // caller counts the miss and may resubmit without cached_pages (a full prefill).
   std::vector<std::string> cached_pages;
   // More of the cached prefix, in the device memory of another process on this GPU (the GPU
-  // kvstore's pool, mapped here): imported device to device. The memory must stay mapped and
-  // the pages leased until the request's first event.
+  // kvstore's pool, mapped here, or the worker's NCCL receive slab): imported device to device.
+  // The memory must stay mapped and the pages leased until the request's first event.
   std::vector<DevicePage> device_cached_pages;
+  // Owns memory the cached pages lie in that is wanted back as soon as they are copied out (the
+  // NCCL receive slab, which takes one transfer at a time): the scheduler lets go of it once the
+  // prefix is imported into the sequence's own slots (or fails to be), or when the request ends
+  // before that. Null: nothing to let go of.
+  std::shared_ptr<void> cached_pages_owner;
   // When true, the final event carries the sequence's full pages (published_pages), and the
   // event of the first generated token, if the sequence goes on, its full prompt pages
   // (prompt_pages), so they can be shared while it decodes.

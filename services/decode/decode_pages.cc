@@ -83,8 +83,8 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
     return {};
   }
   // The lease goes when the last holder lets go: right after a gRPC fetch, or when the request
-  // that imports device pages from the store's pool ends. Failing to release is harmless, the
-  // lease expires on its own.
+  // that imports device pages (from the store's pool, or received over NCCL) ends. Failing to
+  // release is harmless, the lease expires on its own.
   const uint64_t lease_id = lookup->lease_id;
   std::shared_ptr<void> lease(nullptr, [client, lease_id](void*) {
     if (lease_id != 0) client->Release(lease_id).IgnoreError();
@@ -109,13 +109,14 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
     if (nccl_ != nullptr) SyncNcclMetrics();
     if (device) {
       out.device_pages = *std::move(device);
+      out.lease = std::move(lease);
       if (used == v1::TRANSPORT_NCCL) {
-        // The pages lie in the lane's receive slab: it is held with the lease until the request
-        // lets go of them.
-        out.lease = std::shared_ptr<void>(nullptr, [lease, lane](void*) {});
+        // The pages lie in the lane's receive slab: the engine lets go of the lane once it has
+        // copied them into its own slots, so the next fetch from this store can take it while
+        // this request still runs. The lease is held to the end of the request, as for the pool.
+        out.device_pages_owner = std::move(lane);
         metrics_->kvstore_transfers.With({"nccl"}).Increment();
       } else {
-        out.lease = std::move(lease);
         metrics_->kvstore_transfers.With({"same_gpu_pool"}).Increment();
       }
       return out;

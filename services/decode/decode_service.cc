@@ -311,6 +311,7 @@ void DecodeService::EngineLoop() {
           fallback = s.request;
           fallback.cached_pages.clear();
           fallback.device_cached_pages.clear();
+          fallback.cached_pages_owner.reset();  // let go with the refused request
         }
         id = engine_->Submit(std::move(s.request));
         if (!id.ok() && had_cache && id.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -577,6 +578,7 @@ void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& ca
   call.kvstore_pages = static_cast<int>(fetched.size());
   for (std::string& page : fetched.pages) pages.push_back(std::move(page));
   call.engine_request.device_cached_pages = std::move(fetched.device_pages);
+  call.engine_request.cached_pages_owner = std::move(fetched.device_pages_owner);
   call.kvstore_lease = std::move(fetched.lease);
   call.fetch_time = absl::Now() - fetch_start;
 }

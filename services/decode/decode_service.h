@@ -190,9 +190,12 @@ class DecodeService final : public GenerationService {
   // empty on a miss, a store error or n <= skip. The lookup is always of the whole list: a
   // chain lives on the node chosen by its first key and is anchored at page 0.
   struct FetchedPrefix {
-    std::vector<std::string> pages;               // by gRPC
-    std::vector<engine::DevicePage> device_pages; // or in a same-GPU kvstore's pool
-    std::shared_ptr<void> lease;                  // released when the last holder lets go
+    std::vector<std::string> pages;                // by gRPC
+    std::vector<engine::DevicePage> device_pages;  // or in a same-GPU kvstore's pool, or NCCL's
+    std::shared_ptr<void> lease;                   // released when the last holder lets go
+    // NCCL: the lane whose receive slab device_pages lie in, for the engine to let go of once
+    // it has copied them into the sequence's slots (GenerationRequest::cached_pages_owner).
+    std::shared_ptr<void> device_pages_owner;
     size_t size() const { return pages.size() + device_pages.size(); }
   };
   // `deadline` is the request's: no wait for the bytes goes past it.

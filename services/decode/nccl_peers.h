@@ -11,7 +11,8 @@
 //
 // One transfer per store at a time (NCCL pairs a peer's sends and receives by order, and the
 // slab holds one transfer): a Lane is that right, held from before OpenTransfer until the pages
-// are no longer needed. Thread-safe.
+// have been copied out of the slab (the decode service hands it to the engine, which lets go
+// of it once it has imported them, not at the end of the request). Thread-safe.
 
 #include <cstdint>
 #include <map>

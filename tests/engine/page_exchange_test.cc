@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 
 #include "core/page_format.h"
@@ -223,6 +224,50 @@ TEST_P(PageExchangeTest, RecentPagesOnlyInInt2AreDequantisedAndCounted) {
             kCachedPages - cache_->DemotedPagesEnd(kCachedPages * 64));
   EXPECT_GT(imported.recent_window_from_int2_pages, 0);
   EXPECT_EQ(imported.tokens.size(), 4u);
+}
+
+// The memory a prefix arrived in (a worker's NCCL receive slab, GenerationRequest::
+// cached_pages_owner) is let go of once the prefix is in the sequence's own slots, while the
+// sequence runs on: the next transfer can use it without changing what this one computes. A
+// request cancelled before it was admitted lets go of it too.
+TEST_P(PageExchangeTest, TheCachedPagesOwnerIsLetGoOnceThePrefixIsImported) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 19);
+  const RunResult scratch = Run(Request(prompt, 16));
+  const RunResult donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  ASSERT_EQ(donor.pages.size(), static_cast<size_t>(kCachedPages));
+  Make();
+  GenerationRequest r = Request(prompt, 16);
+  r.cached_pages = Bytes(donor.pages, kCachedPages);
+  auto owner = std::make_shared<int>(0);
+  const std::weak_ptr<int> watch = owner;
+  r.cached_pages_owner = std::move(owner);
+  GenerationRequest cancelled = Request(prompt, 16);
+  auto cancelled_owner = std::make_shared<int>(0);
+  const std::weak_ptr<int> cancelled_watch = cancelled_owner;
+  cancelled.cached_pages_owner = std::move(cancelled_owner);
+  absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<uint64_t> cancelled_id = scheduler_->Submit(std::move(cancelled));
+  ASSERT_TRUE(cancelled_id.ok()) << cancelled_id.status();
+  EXPECT_FALSE(watch.expired());  // queued: not imported yet
+  scheduler_->Cancel(*cancelled_id, FinishReason::kCancelled);
+
+  RunResult imported;
+  for (int guard = 0; !scheduler_->idle() && guard < 10000; ++guard) {
+    std::vector<GenerationEvent> events;
+    ASSERT_TRUE(scheduler_->Step(&events).ok());
+    // From the step that admitted it on, and while it still runs.
+    EXPECT_TRUE(watch.expired()) << "step " << guard;
+    EXPECT_TRUE(cancelled_watch.expired()) << "step " << guard;
+    for (GenerationEvent& e : events) {
+      if (e.sequence_id != *id) continue;
+      if (e.token >= 0) imported.tokens.push_back(e.token);
+      if (e.finish != FinishReason::kNone) imported.cached_tokens = e.cached_tokens;
+    }
+  }
+  EXPECT_EQ(imported.cached_tokens, kCachedPages * 64);
+  EXPECT_EQ(imported.tokens, scratch.tokens);
 }
 
 TEST_P(PageExchangeTest, CorruptOrForeignPagesAreRejectedAtSubmit) {

@@ -41,7 +41,7 @@ class DecodeNcclTest : public ::testing::Test {
     kvstore::PageStoreOptions options;
     options.capacity_bytes = 8 * 16448;
     options.max_lease_ttl = absl::Seconds(30);
-    tier_ = std::make_shared<kvstore::testing::HostTierMemory>(4 * 16640);
+    tier_ = std::make_shared<kvstore::testing::HostTierMemory>(tier_bytes_);
     options.fast_tier = tier_;
     store_ = std::make_unique<kvstore::PageStore>(options, &clock_);
     kvstore::KvStoreServiceOptions service_options{.store_id = "test-store"};
@@ -96,8 +96,17 @@ class DecodeNcclTest : public ::testing::Test {
 
   // OpenTransfer for the chain as the worker sends it (the pool offered first, then NCCL).
   absl::StatusOr<v1::OpenTransferResponse> Open(const NcclPeers::Lane& lane) {
-    absl::StatusOr<kvstore::LookupReply> lookup = client_->Lookup(keys_, /*lease_ttl_ms=*/10000);
+    return Open(lane, chain_, /*lease_id=*/nullptr);
+  }
+  // The same for `chain`; *lease_id, when asked, is the lookup's lease (the caller releases it).
+  absl::StatusOr<v1::OpenTransferResponse> Open(const NcclPeers::Lane& lane,
+                                                const std::vector<TestPage>& chain,
+                                                uint64_t* lease_id) {
+    std::vector<PageKey> keys;
+    for (const TestPage& page : chain) keys.push_back(page.meta.key);
+    absl::StatusOr<kvstore::LookupReply> lookup = client_->Lookup(keys, /*lease_ttl_ms=*/10000);
     if (!lookup.ok()) return lookup.status();
+    if (lease_id != nullptr) *lease_id = lookup->lease_id;
     v1::OpenTransferRequest request;
     request.set_client_id("worker-0");
     request.set_compact(true);
@@ -107,9 +116,10 @@ class DecodeNcclTest : public ::testing::Test {
     peers_->Offer(lane, &request);
     EXPECT_EQ(request.transports(1), v1::TRANSPORT_NCCL);
     bool every_key = false;
-    return OpenTransferOfChain(*client_, request, keys_, chain_[0].meta.parent_key, &every_key);
+    return OpenTransferOfChain(*client_, request, keys, chain[0].meta.parent_key, &every_key);
   }
 
+  uint64_t tier_bytes_ = 4 * 16640;  // the store's fast tier: 4 pages
   SystemClock clock_;
   MetricsRegistry registry_;
   ::kvstrata::testing::FakeNccl nccl_;
@@ -154,6 +164,74 @@ TEST_F(DecodeNcclTest, AFetchIsOneTransferOfTheWholePrefixIntoTheWorkersMemory) 
   EXPECT_EQ(c.transfers, 2u);
   EXPECT_EQ(c.busy, 2u);
   EXPECT_EQ(c.transfer_bytes, 2 * (chain_[0].bytes.size() * 3));
+}
+
+// How the decode worker uses a lane: it holds it only until the engine has copied the received
+// pages out of the slab into its own KV cache (GenerationRequest::cached_pages_owner), not for
+// the whole request. So a second request to the same store, while the first still runs and
+// holds its lease, takes the lane too: both come by NCCL (no busy fallback to gRPC), and the
+// second transfer, into the same slab, leaves what the first copied out intact.
+TEST_F(DecodeNcclTest, ASecondRequestTakesTheLaneOnceTheFirstCopiedItsPagesOut) {
+  tier_bytes_ = 8 * 16640;  // room in the pool for both chains' leased pages
+  Start();
+  const std::vector<TestPage> other = MakeChain({4, 5, 6});
+  for (const TestPage& page : other) ASSERT_TRUE(store_->Put(page.meta, page.bytes).ok());
+  // What a request's KV cache holds once its pages are imported (the engine's device copy).
+  auto copy_out = [](const std::vector<engine::DevicePage>& pages) {
+    std::vector<std::vector<uint8_t>> slots;
+    for (const engine::DevicePage& p : pages) slots.emplace_back(p.bytes, p.bytes + p.byte_length);
+    return slots;
+  };
+  auto expect_chain = [](const std::vector<std::vector<uint8_t>>& slots,
+                         const std::vector<TestPage>& chain, const char* request) {
+    ASSERT_EQ(slots.size(), chain.size()) << request;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      EXPECT_TRUE(slots[i] == chain[i].bytes) << request << ", page " << i;
+    }
+  };
+  ASSERT_NE(chain_[0].bytes, other[0].bytes);  // the two requests' data can be told apart
+
+  // Request 1: receives, copies out, lets go of the lane; it runs on under its lease.
+  uint64_t first_lease = 0;
+  std::vector<std::vector<uint8_t>> first_slots;
+  {
+    std::shared_ptr<NcclPeers::Lane> lane = ReadyLane();
+    ASSERT_NE(lane, nullptr);
+    absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane, chain_, &first_lease);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+    absl::StatusOr<std::vector<engine::DevicePage>> pages = peers_->Receive(
+        *lane, *answer, keys_, chain_[0].meta.parent_key, 0, absl::InfiniteFuture());
+    ASSERT_TRUE(pages.ok()) << pages.status();
+    first_slots = copy_out(*pages);
+  }
+  ASSERT_NE(first_lease, 0u);
+
+  // Request 2, while request 1 holds its lease: the lane is free, and its data is its own.
+  std::shared_ptr<NcclPeers::Lane> lane = peers_->Acquire(client_.get());
+  ASSERT_NE(lane, nullptr) << "the second request found the lane busy";
+  uint64_t second_lease = 0;
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane, other, &second_lease);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  std::vector<PageKey> other_keys;
+  for (const TestPage& page : other) other_keys.push_back(page.meta.key);
+  absl::StatusOr<std::vector<engine::DevicePage>> pages = peers_->Receive(
+      *lane, *answer, other_keys, other[0].meta.parent_key, 0, absl::InfiniteFuture());
+  ASSERT_TRUE(pages.ok()) << pages.status();
+  const std::vector<std::vector<uint8_t>> second_slots = copy_out(*pages);
+  lane.reset();
+  expect_chain(first_slots, chain_, "request 1");
+  expect_chain(second_slots, other, "request 2");
+  for (size_t i = 0; i < other.size(); ++i) EXPECT_EQ((*pages)[i].key, other_keys[i]);
+
+  const NcclPeersCounts c = peers_->Counts();
+  EXPECT_EQ(c.transfers, 2u);
+  EXPECT_EQ(c.busy, 0u);
+  EXPECT_EQ(c.transfer_failures, 0u);
+  EXPECT_EQ(c.communicators_made, 1u);
+  EXPECT_TRUE(client_->Release(first_lease).ok());
+  EXPECT_TRUE(client_->Release(second_lease).ok());
 }
 
 // The digest check's scratch is the peer's, made once with its slab and sized for the most pages
