@@ -2,9 +2,10 @@
 
 // What the decode service's translation units share (not a public header): the state one
 // Generate handler and the engine thread share, the kvstrata_decode_* metrics, and the local
-// tier's gauges. decode_service.cc handles calls and runs the engine thread; decode_pages.cc
-// holds the page paths (the local tier, kvstore fetches by gRPC or from a same-GPU pool, and
-// publishing).
+// tier's gauges. decode_generate.cc and decode_stream.cc handle calls, decode_engine_loop.cc
+// runs the engine thread, decode_service.cc sets the service up and describes the worker;
+// decode_pages.cc holds the page paths (the local tier, kvstore fetches by gRPC, from a
+// same-GPU pool or over NCCL, and publishing).
 
 #include <atomic>
 #include <condition_variable>

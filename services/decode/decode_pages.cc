@@ -1,6 +1,7 @@
 // The decode worker's page paths: the local page tier, the kvstore's cached prefix (by gRPC, or
 // from a kvstore's HBM pool on this worker's GPU), and publishing finished pages. Member
-// functions of DecodeService (decode_service.h); the call handling is in decode_service.cc.
+// functions of DecodeService (decode_service.h); the call handling is in decode_generate.cc and
+// decode_stream.cc.
 
 #include <algorithm>
 #include <cstdio>
