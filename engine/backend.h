@@ -23,6 +23,12 @@ struct ForwardItem {
   bool all_logits = false;  // logits for every position (evaluation) or only the last
 };
 
+// What every backend checks of a batch before it runs: each item has tokens, continues its
+// sequence (InternalError otherwise) and stays inside the vocabulary (InvalidArgument naming the
+// token and its position). Gives each item's first row in the pass and the pass's tokens.
+absl::Status CheckForwardBatch(const std::vector<ForwardItem>& batch, int vocab_size,
+                               std::vector<int>* offset, int* tokens);
+
 // Optional observation of the forward pass, for calibration and evaluation. Pointers are valid
 // only during the call. Shapes: q [n][num_heads][head_dim], k and v [n][num_kv_heads][head_dim],
 // after RoPE and before rotation.

@@ -317,25 +317,8 @@ absl::Status CpuBackend::Forward(const std::vector<ForwardItem>& batch, std::vec
   const int qdim = nh * d, kvdim = nkv * d, inter = cfg_.intermediate_size;
   const kernels::KvGeometry& geo = cache_->geometry();
   int T = 0;
-  std::vector<int> offset(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const ForwardItem& it = batch[i];
-    if (it.n <= 0) return absl::InvalidArgumentError("forward item with no tokens");
-    if (it.pos0 != it.seq->num_tokens ||
-        static_cast<int64_t>(it.seq->tokens.size()) < it.pos0 + it.n) {
-      return absl::InternalError(
-          absl::StrCat("forward item ", i, " does not continue its sequence"));
-    }
-    for (int t = 0; t < it.n; ++t) {
-      const int32_t token = it.seq->tokens[it.pos0 + t];
-      if (token < 0 || token >= cfg_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", token, " at position ",
-                                                       it.pos0 + t, " is outside the vocabulary"));
-      }
-    }
-    offset[i] = T;
-    T += it.n;
-  }
+  std::vector<int> offset;
+  KV_RETURN_IF_ERROR(CheckForwardBatch(batch, cfg_.vocab_size, &offset, &T));
   for (const ForwardItem& it : batch)
     KV_RETURN_IF_ERROR(cache_->BeginAppend(*it.seq, it.pos0 + it.n));
 

@@ -12,25 +12,7 @@ namespace kvstrata::engine::cuda_internal {
 
 absl::Status CudaBackend::CheckBatch(const std::vector<ForwardItem>& batch, HostPlan* host) const {
   int T = 0;
-  host->offset.resize(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const ForwardItem& it = batch[i];
-    if (it.n <= 0) return absl::InvalidArgumentError("forward item with no tokens");
-    if (it.pos0 != it.seq->num_tokens ||
-        static_cast<int64_t>(it.seq->tokens.size()) < it.pos0 + it.n) {
-      return absl::InternalError(
-          absl::StrCat("forward item ", i, " does not continue its sequence"));
-    }
-    for (int t = 0; t < it.n; ++t) {
-      const int32_t token = it.seq->tokens[it.pos0 + t];
-      if (token < 0 || token >= cfg_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", token, " at position ",
-                                                       it.pos0 + t, " is outside the vocabulary"));
-      }
-    }
-    host->offset[i] = T;
-    T += it.n;
-  }
+  KV_RETURN_IF_ERROR(CheckForwardBatch(batch, cfg_.vocab_size, &host->offset, &T));
   if (T > options_.max_step_tokens || static_cast<int>(batch.size()) > options_.max_items) {
     return absl::InternalError(absl::StrCat("a forward pass of ", T, " tokens and ", batch.size(),
                                             " items exceeds the CUDA backend's buffers (",
