@@ -6,6 +6,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,8 +14,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -57,6 +61,124 @@ TEST(PoolSocket, HandsOutTheDescriptorWithTheHello) {
   EXPECT_EQ((*server)->handed_out(), 3u);
   server->reset();
   EXPECT_NE(access(path.c_str(), F_OK), 0) << "the socket file is removed on stop";
+  close(memfd);
+}
+
+// What a holder listener heard, in order, from the server's thread.
+struct HolderEvents {
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, bool>> seen;
+  PoolSocketServer::HolderListener Listener() {
+    return [this](uint64_t holder, bool open) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.emplace_back(holder, open);
+    };
+  }
+  std::vector<std::pair<uint64_t, bool>> Get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return seen;
+  }
+  // Polls until `n` events came (the server tells them on its own thread), at most 2 s.
+  std::vector<std::pair<uint64_t, bool>> WaitFor(size_t n) {
+    for (int i = 0; i < 200 && Get().size() < n; ++i) usleep(10000);
+    return Get();
+  }
+};
+
+std::unique_ptr<PoolSocketServer> StartMemfdServer(const std::string& path, int memfd) {
+  absl::StatusOr<std::unique_ptr<PoolSocketServer>> server =
+      PoolSocketServer::Start(path, /*pool_id=*/7, /*pool_bytes=*/4096,
+                              [memfd]() -> absl::StatusOr<int> { return dup(memfd); });
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(PoolHolder, AHolderIsToldToTheListenerWhileItsConnectionIsOpen) {
+  const int memfd = memfd_create("pool", MFD_CLOEXEC);
+  const std::string path = TestPath("holder");
+  std::unique_ptr<PoolSocketServer> server = StartMemfdServer(path, memfd);
+  ASSERT_NE(server, nullptr);
+  HolderEvents events;
+  server->SetHolderListener(events.Listener());
+  auto held = ConnectPoolHolder(path);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->first.pool_id, 7u);
+  close(held->first.fd);
+  const uint64_t holder = held->second->holder();
+  EXPECT_NE(holder, 0u);
+  EXPECT_TRUE(held->second->open());
+  ASSERT_EQ(events.WaitFor(1), (std::vector<std::pair<uint64_t, bool>>{{holder, true}}));
+  for (int i = 0; i < 200 && server->holders() != 1; ++i) usleep(10000);
+  EXPECT_EQ(server->holders(), 1);
+  // A second holder gets a token of its own; a plain client changes nothing.
+  auto other = ConnectPoolHolder(path);
+  ASSERT_TRUE(other.ok()) << other.status();
+  close(other->first.fd);
+  EXPECT_NE(other->second->holder(), holder);
+  absl::StatusOr<PoolHandle> plain = ReceivePoolHandle(path);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  close(plain->fd);
+  ASSERT_EQ(events.WaitFor(2).size(), 2u);
+  // Closing a holder's connection (its process exiting does the same) tells the listener.
+  held->second.reset();
+  const auto seen = events.WaitFor(3);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[2], std::make_pair(holder, false));
+  server.reset();
+  close(memfd);
+}
+
+TEST(PoolHolder, WithoutAListenerTheHolderIsZeroAndThePoolStillComes) {
+  const int memfd = memfd_create("pool", MFD_CLOEXEC);
+  const std::string path = TestPath("nolistener");
+  std::unique_ptr<PoolSocketServer> server = StartMemfdServer(path, memfd);
+  ASSERT_NE(server, nullptr);
+  auto held = ConnectPoolHolder(path);
+  ASSERT_TRUE(held.ok()) << held.status();
+  close(held->first.fd);
+  EXPECT_EQ(held->second->holder(), 0u);
+  server.reset();
+  close(memfd);
+}
+
+TEST(PoolHolder, AHolderSeesTheStoreGo) {
+  const int memfd = memfd_create("pool", MFD_CLOEXEC);
+  const std::string path = TestPath("storegoes");
+  std::unique_ptr<PoolSocketServer> server = StartMemfdServer(path, memfd);
+  ASSERT_NE(server, nullptr);
+  HolderEvents events;
+  server->SetHolderListener(events.Listener());
+  auto held = ConnectPoolHolder(path);
+  ASSERT_TRUE(held.ok()) << held.status();
+  close(held->first.fd);
+  EXPECT_TRUE(held->second->open());
+  server.reset();
+  EXPECT_FALSE(held->second->open());
+  close(memfd);
+}
+
+TEST(PoolHolder, AClientSendingAnythingElseIsClosedAndHoldsNothing) {
+  const int memfd = memfd_create("pool", MFD_CLOEXEC);
+  const std::string path = TestPath("junk");
+  std::unique_ptr<PoolSocketServer> server = StartMemfdServer(path, memfd);
+  ASSERT_NE(server, nullptr);
+  HolderEvents events;
+  server->SetHolderListener(events.Listener());
+  const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strcpy(addr.sun_path, path.c_str());
+  ASSERT_EQ(connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  char hello[64];
+  ASSERT_EQ(recv(sock, hello, sizeof(hello), 0), static_cast<ssize_t>(kPoolHelloBytes));
+  const char junk[] = "GET / HTTP/1.1\r\n";
+  ASSERT_GT(send(sock, junk, sizeof(junk) - 1, MSG_NOSIGNAL), 0);
+  pollfd pfd{sock, POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 2000), 1);
+  EXPECT_EQ(recv(sock, hello, sizeof(hello), 0), 0) << "the server closes the connection";
+  EXPECT_TRUE(events.Get().empty());
+  close(sock);
+  server.reset();
   close(memfd);
 }
 
