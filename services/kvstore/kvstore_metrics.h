@@ -30,6 +30,13 @@ class KvStoreMetrics {
         pinned_pages_(
             r.AddGauge("kvstrata_kvstore_pinned_pages", "Pages covered by a live lease.").Get()),
         active_leases_(r.AddGauge("kvstrata_kvstore_active_leases", "Live leases.").Get()),
+        held_leases_(r.AddGauge("kvstrata_kvstore_held_leases",
+                                "Live leases held by a same-GPU worker's pool connection "
+                                "(pages read in place; no expiry while it is open).")
+                         .Get()),
+        pool_holders_(r.AddGauge("kvstrata_kvstore_pool_holders",
+                                 "Open pool-socket connections that hold leases.")
+                          .Get()),
         stored_(
             r.AddCounter("kvstrata_kvstore_pages_stored_total", "Page forms newly stored.").Get()),
         duplicates_(r.AddCounter("kvstrata_kvstore_put_duplicates_total",
@@ -117,6 +124,8 @@ class KvStoreMetrics {
     capacity_bytes_.Set(static_cast<double>(s.bytes_capacity));
     pinned_pages_.Set(static_cast<double>(s.pinned_pages));
     active_leases_.Set(static_cast<double>(s.active_leases));
+    held_leases_.Set(static_cast<double>(s.held_leases));
+    pool_holders_.Set(static_cast<double>(s.open_holders));
     tier_used_.With({"gpu"}).Set(static_cast<double>(s.fast_bytes_used));
     tier_used_.With({"host"}).Set(static_cast<double>(s.host_bytes_used));
     tier_capacity_.With({"gpu"}).Set(static_cast<double>(s.fast_bytes_capacity));
@@ -175,6 +184,8 @@ class KvStoreMetrics {
   Gauge& capacity_bytes_;
   Gauge& pinned_pages_;
   Gauge& active_leases_;
+  Gauge& held_leases_;
+  Gauge& pool_holders_;
   Counter& stored_;
   Counter& duplicates_;
   Counter& evictions_;

@@ -566,6 +566,12 @@ grpc::Status KvStoreService::OpenTransfer(grpc::ServerContext* context,
       absl::StatusOr<std::vector<FastTierPlacement>> placed =
           store_->PlaceInFastTier(refs, pin.lease_id);
       if (placed.ok()) {
+        if (request->pool_holder() != 0) {
+          // A client that reads the pages in place: its lease lasts while its pool connection
+          // is open. An unknown holder (a connection that closed meanwhile) leaves the lease
+          // expiring as usual, which the client learns from lease_held.
+          response->set_lease_held(store_->HoldLease(pin.lease_id, request->pool_holder()).ok());
+        }
         v1::SameGpuPool* pool = response->mutable_pool();
         pool->set_socket_path(options_.same_gpu_pool.socket_path);
         pool->set_pool_id(options_.same_gpu_pool.pool_id);

@@ -210,6 +210,29 @@ int Run(const KvStoreConfig& config) {
     }
   }
   PageStore store(store_options, &clock);
+  // Workers that read pages in place hold their leases through their pool-socket connections.
+  // The listener goes before the store does (this guard is destroyed first).
+  struct HolderListenerGuard {
+    transport::PoolSocketServer* socket;
+    ~HolderListenerGuard() {
+      if (socket != nullptr) socket->SetHolderListener(nullptr);
+    }
+  } holder_guard{gpu.socket.get()};
+  if (gpu.socket != nullptr) {
+    gpu.socket->SetHolderListener([&store](uint64_t holder, bool open) {
+      if (open) {
+        store.OpenHolder(holder);
+        return;
+      }
+      const int dropped = store.CloseHolder(holder);
+      if (dropped > 0) {
+        fprintf(stderr,
+                "kvstrata-kvstore: a pool holder closed its connection; %d of its leases "
+                "released\n",
+                dropped);
+      }
+    });
+  }
   MetricsRegistry registry;
   const rpc::PeerAuthorizer authorizer(config.security.peers, &registry, "kvstore");
   service_options.authorizer = &authorizer;

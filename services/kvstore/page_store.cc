@@ -324,6 +324,8 @@ PageStoreStats PageStore::Stats() {
   stats.fast_bytes_capacity = fast_ != nullptr ? fast_ranges_->size() : 0;
   stats.pinned_pages = pinned_pages_;
   stats.active_leases = static_cast<uint32_t>(leases_.size());
+  stats.open_holders = static_cast<uint32_t>(open_holders_.size());
+  for (const auto& [holder, held] : open_holders_) stats.held_leases += held;
   stats.last_event_sequence = last_sequence_;
   return stats;
 }

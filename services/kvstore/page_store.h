@@ -140,6 +140,8 @@ struct PageStoreStats {
   uint64_t bytes_capacity = 0;
   uint64_t pinned_pages = 0;
   uint32_t active_leases = 0;
+  uint32_t held_leases = 0;  // of those, held by a holder connection (no expiry)
+  uint32_t open_holders = 0;
   uint64_t lookups_total = 0;
   uint64_t lookup_pages_total = 0;
   uint64_t lookup_hit_pages_total = 0;
@@ -216,6 +218,18 @@ class PageStore {
   // Ends a lease; false if it was unknown or already expired.
   bool Release(uint64_t lease_id);
 
+  // Leases held by a connection rather than by a clock (transport/pool_socket.h): a same-GPU
+  // worker that reads pages in place ties its lease to its pool-socket connection, and the lease
+  // then lasts, with no expiry, until it is released or that connection closes — the worker's
+  // process exiting, for whatever reason, closes it. OpenHolder / CloseHolder tell the store of
+  // a holder connection (CloseHolder drops every lease it holds, returning how many).
+  void OpenHolder(uint64_t holder);
+  int CloseHolder(uint64_t holder);
+  // Ties live lease `lease_id` to open holder `holder` (it no longer expires). NotFound for an
+  // unknown or expired lease; FailedPrecondition when the holder is not open (closed already,
+  // or never opened). Idempotent.
+  absl::Status HoldLease(uint64_t lease_id, uint64_t holder);
+
   // One stored form (kBf16/kInt2 mean "the primary", whichever it is; kBf16Recent the copy).
   // FailedPrecondition when lease_id != 0 names no live lease; NotFound when absent; DataLoss
   // (and the page is removed) when the bytes no longer match their checksum. Touches the page.
@@ -271,6 +285,7 @@ class PageStore {
   struct Lease {
     absl::Time expiry;
     absl::flat_hash_set<PageKey> keys;
+    uint64_t holder = 0;  // an open holder: no expiry
   };
   enum class Tier : uint8_t { kFast, kHost };
 
@@ -319,6 +334,7 @@ class PageStore {
   UseOrder leaves_;
   absl::flat_hash_map<uint64_t, Lease> leases_;
   uint64_t next_lease_id_ = 1;
+  absl::flat_hash_map<uint64_t, uint32_t> open_holders_;  // holder -> leases it holds
   uint64_t use_tick_ = 0;
   std::deque<PageEvent> events_;
   uint64_t last_sequence_ = 0;

@@ -1,6 +1,6 @@
 // The page store's leases: Pin and Release, and the bookkeeping under them (a lease's keys, each
-// entry's pin count, expiry on every request). A pinned page is never evicted nor moved out of
-// the fast tier (page_store_tiers.cc).
+// entry's pin count, expiry on every request), and the leases that holder connections hold. A
+// pinned page is never evicted nor moved out of the fast tier (page_store_tiers.cc).
 
 #include <cstdint>
 #include <cstdio>
@@ -68,10 +68,47 @@ bool PageStore::Release(uint64_t lease_id) {
   return true;
 }
 
+void PageStore::OpenHolder(uint64_t holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_holders_.try_emplace(holder, 0);
+}
+
+int PageStore::CloseHolder(uint64_t holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = open_holders_.find(holder);
+  if (it == open_holders_.end()) return 0;
+  std::vector<uint64_t> held;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.holder == holder) held.push_back(id);
+  }
+  for (uint64_t id : held) DropLeaseLocked(id);
+  open_holders_.erase(holder);
+  return static_cast<int>(held.size());
+}
+
+absl::Status PageStore::HoldLease(uint64_t lease_id, uint64_t holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLeasesLocked(clock_->Now());
+  auto lease = leases_.find(lease_id);
+  if (lease == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
+  }
+  auto open = open_holders_.find(holder);
+  if (holder == 0 || open == open_holders_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool holder ", holder, " has no open connection to this store"));
+  }
+  if (lease->second.holder == holder) return absl::OkStatus();
+  if (lease->second.holder != 0) --open_holders_[lease->second.holder];
+  lease->second.holder = holder;
+  ++open->second;
+  return absl::OkStatus();
+}
+
 void PageStore::ExpireLeasesLocked(absl::Time now) {
   std::vector<uint64_t> expired;
   for (const auto& [id, lease] : leases_) {
-    if (lease.expiry <= now) expired.push_back(id);
+    if (lease.holder == 0 && lease.expiry <= now) expired.push_back(id);
   }
   for (uint64_t id : expired) {
     DropLeaseLocked(id);
@@ -86,6 +123,10 @@ void PageStore::DropLeaseLocked(uint64_t lease_id) {
     auto entry = entries_.find(key);
     KV_CHECK(entry != entries_.end() && entry->second.pins > 0) << "pinned page " << key.ToHex();
     if (--entry->second.pins == 0) --pinned_pages_;
+  }
+  if (it->second.holder != 0) {
+    auto holder = open_holders_.find(it->second.holder);
+    if (holder != open_holders_.end() && holder->second > 0) --holder->second;
   }
   leases_.erase(it);
 }

@@ -127,6 +127,38 @@ TEST_F(OpenTransferTest, AClientOnTheStoresGpuGetsPoolOffsetsAndDigests) {
   EXPECT_TRUE(store_->Release(response.lease_id()));
 }
 
+TEST_F(OpenTransferTest, APoolHolderHoldsTheLeaseOnlyOnTheSameGpuAndOnlyWhileOpen) {
+  Start(/*fast_tier=*/true);
+  store_->OpenHolder(4242);
+  v1::OpenTransferRequest request =
+      Request({v1::TRANSPORT_SAME_GPU_POOL, v1::TRANSPORT_GRPC_STREAM});
+  request.set_pool_holder(4242);
+  v1::OpenTransferResponse response;
+  ASSERT_TRUE(Open(request, &response).ok());
+  EXPECT_EQ(response.transport(), v1::TRANSPORT_SAME_GPU_POOL);
+  EXPECT_TRUE(response.lease_held());
+  EXPECT_EQ(store_->Stats().held_leases, 1u);
+  // Another GPU gets the byte stream, and its lease is not held (it expires as usual).
+  v1::OpenTransferRequest elsewhere =
+      Request({v1::TRANSPORT_SAME_GPU_POOL, v1::TRANSPORT_GRPC_STREAM}, "GPU-other");
+  elsewhere.set_pool_holder(4242);
+  v1::OpenTransferResponse stream;
+  ASSERT_TRUE(Open(elsewhere, &stream).ok());
+  EXPECT_EQ(stream.transport(), v1::TRANSPORT_GRPC_STREAM);
+  EXPECT_FALSE(stream.lease_held());
+  // A holder the store does not know (its connection closed) leaves the lease timed.
+  request.set_pool_holder(99);
+  v1::OpenTransferResponse unknown;
+  ASSERT_TRUE(Open(request, &unknown).ok());
+  EXPECT_EQ(unknown.transport(), v1::TRANSPORT_SAME_GPU_POOL);
+  EXPECT_FALSE(unknown.lease_held());
+  EXPECT_EQ(store_->Stats().held_leases, 1u);
+  // The holder's connection closes: its lease goes, the others stay.
+  EXPECT_EQ(store_->CloseHolder(4242), 1);
+  EXPECT_EQ(store_->Stats().active_leases, 2u);
+  EXPECT_FALSE(store_->Release(response.lease_id()));
+}
+
 TEST_F(OpenTransferTest, ACompactAnswerGivesTheSamePlacementsAsArrays) {
   Start(/*fast_tier=*/true);
   v1::OpenTransferResponse full;

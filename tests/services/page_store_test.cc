@@ -255,6 +255,56 @@ TEST_F(PageStoreTest, PinValidationAndRelease) {
   EXPECT_EQ(store_->Stats().pinned_pages, 0u);
 }
 
+TEST_F(PageStoreTest, ALeaseHeldByAnOpenHolderDoesNotExpireAndGoesWhenItCloses) {
+  MakeStore(2);
+  PutAll(MakeChain({1}));
+  PutAll({MakePage(Key(2), Key(0xEE), 0)});
+  absl::StatusOr<PinResult> held = store_->Pin({Key(1)}, absl::Seconds(1), 0);
+  absl::StatusOr<PinResult> timed = store_->Pin({Key(2)}, absl::Seconds(1), 0);
+  ASSERT_TRUE(held.ok() && timed.ok());
+  // A holder the store was never told of, or 0, holds nothing.
+  EXPECT_EQ(store_->HoldLease(held->lease_id, 77).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->HoldLease(held->lease_id, 0).code(), absl::StatusCode::kFailedPrecondition);
+  store_->OpenHolder(77);
+  EXPECT_EQ(store_->HoldLease(12345, 77).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store_->HoldLease(held->lease_id, 77).ok());
+  ASSERT_TRUE(store_->HoldLease(held->lease_id, 77).ok()) << "idempotent";
+  EXPECT_EQ(store_->Stats().held_leases, 1u);
+  EXPECT_EQ(store_->Stats().open_holders, 1u);
+  // Far past both ttls: the timed lease expired, the held one did not (its page stays).
+  clock_.Advance(absl::Minutes(10));
+  ASSERT_TRUE(Put(MakePage(Key(3), Key(0xEE), 0)).ok());
+  EXPECT_THAT(Present({1, 2, 3}), ElementsAre(1, 3));
+  EXPECT_TRUE(store_->Fetch(Key(1), false, held->lease_id).ok());
+  EXPECT_EQ(store_->Stats().active_leases, 1u);
+  // The holder's connection closes: its lease goes, and the page can be evicted.
+  EXPECT_EQ(store_->CloseHolder(77), 1);
+  EXPECT_EQ(store_->CloseHolder(77), 0);
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+  EXPECT_EQ(store_->Stats().pinned_pages, 0u);
+  EXPECT_EQ(store_->Stats().open_holders, 0u);
+  EXPECT_EQ(store_->Fetch(Key(1), false, held->lease_id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->HoldLease(timed->lease_id, 77).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(PageStoreTest, AReleasedHeldLeaseLeavesItsHolderOpen) {
+  MakeStore(2);
+  PutAll(MakeChain({1}));
+  store_->OpenHolder(5);
+  absl::StatusOr<PinResult> a = store_->Pin({Key(1)}, absl::Seconds(1), 0);
+  absl::StatusOr<PinResult> b = store_->Pin({Key(1)}, absl::Seconds(1), 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(store_->HoldLease(a->lease_id, 5).ok());
+  ASSERT_TRUE(store_->HoldLease(b->lease_id, 5).ok());
+  EXPECT_EQ(store_->Stats().held_leases, 2u);
+  EXPECT_TRUE(store_->Release(a->lease_id));
+  EXPECT_EQ(store_->Stats().held_leases, 1u);
+  EXPECT_EQ(store_->Stats().open_holders, 1u);
+  EXPECT_EQ(store_->CloseHolder(5), 1);
+  EXPECT_EQ(store_->Stats().pinned_pages, 0u);
+}
+
 TEST_F(PageStoreTest, Bf16RecentCopyNeedsInt2Primary) {
   MakeStore(10);
   TestPage root = MakeChain({1})[0];
