@@ -275,7 +275,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       return absl::UnavailableError(absl::StrCat("device ", options.device.ToString(), ": ",
                                                  d.status().message()));
     }
-    cache_options.allocate_page_memory = DevicePageMemoryAllocator(gpu);
+    // Address space up to the history page tables' reach, where the pools of GPU kvstores on
+    // this GPU are mapped, so that their pages can be read in place.
+    cache_options.allocate_page_memory = DevicePageMemoryAllocator(gpu, kHistoryReachBytes);
     absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(geometry, cache_options);
     if (!cache.ok()) {
       if (cache.status().code() == absl::StatusCode::kResourceExhausted) {

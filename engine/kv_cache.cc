@@ -1,5 +1,7 @@
 #include "engine/kv_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -396,6 +398,9 @@ void KvCache::Release(SequenceKv& seq) {
   seq.reserved_bf16 = seq.reserved_int2 = 0;
   seq.bf16_slot.clear();
   seq.int2_slot.clear();
+  seq.int2_in_place.clear();
+  seq.in_place_pages = 0;
+  seq.in_place_hold.reset();  // the pages read in place: their memory and lease may go now
   seq.num_tokens = 0;
 }
 
@@ -486,14 +491,21 @@ uint8_t* KvCache::Bf16Block(const SequenceKv& seq, int64_t page, int layer, int 
          kernels::BlockOffset(geometry_, kernels::PageEncoding::kBf16, layer, kind, head);
 }
 
+const uint8_t* KvCache::HistoryPage(const SequenceKv& seq, int64_t page) const {
+  if (seq.int2_slot[page] >= 0) return int2_pool_->slot(seq.int2_slot[page]);
+  return seq.int2_in_place[page].bytes;  // a page read where it lies
+}
+
+// The history blocks of a page read in place are never written: the const_cast only lets
+// readers and writers of the cache's own slots share these accessors.
 uint8_t* KvCache::Int2Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
-  return int2_pool_->slot(seq.int2_slot[page]) +
+  return const_cast<uint8_t*>(HistoryPage(seq, page)) +
          kernels::BlockOffset(geometry_, int2_encoding(), layer, kind, head);
 }
 
 uint8_t* KvCache::HistoryBlock(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
   const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + head;
-  return int2_pool_->slot(seq.int2_slot[page]) + kernels::kPageHeaderBytes +
+  return const_cast<uint8_t*>(HistoryPage(seq, page)) + kernels::kPageHeaderBytes +
          b * HistoryBlockBytes(options_.format, geometry_);
 }
 
@@ -509,7 +521,8 @@ void KvCache::DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int 
                      num_tokens, kind, rows);
 }
 
-absl::StatusOr<std::vector<ExportedPage>> KvCache::ExportPages(const SequenceKv& seq) const {
+absl::StatusOr<std::vector<ExportedPage>> KvCache::ExportPages(const SequenceKv& seq,
+                                                               DevicePageAccess* access) const {
   if (IsEvaluationFormat(options_.format)) {
     return absl::FailedPreconditionError(absl::StrCat("KV format ",
                                                       KvCacheFormatName(options_.format),
@@ -535,6 +548,16 @@ absl::StatusOr<std::vector<ExportedPage>> KvCache::ExportPages(const SequenceKv&
       e.encoding = kernels::PageEncoding::kBf16;
       pool = bf16_pool_.get();
       slot = seq.bf16_slot[p];
+    } else if (p < static_cast<int64_t>(seq.int2_in_place.size()) &&
+               seq.int2_in_place[p].bytes != nullptr) {
+      if (access == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            "page ", p, " of the sequence is read in place; exporting it needs the device access"));
+      }
+      e.encoding = int2_encoding();
+      KV_ASSIGN_OR_RETURN(e.bytes, access->ReadPage(seq.int2_in_place[p]));
+      out.push_back(std::move(e));
+      continue;
     } else {
       return absl::InternalError(absl::StrCat("page ", p, " of a sequence holds no slot"));
     }
@@ -666,9 +689,6 @@ absl::StatusOr<int64_t> KvCache::CheckCachedPrefix(const PageKey& namespace_key,
   if (IsEvaluationFormat(options_.format) && (!pages.empty() || !device_pages.empty())) {
     return absl::InvalidArgumentError("evaluation KV formats cannot import cached pages");
   }
-  if (!device_pages.empty() && host_memory()) {
-    return absl::InvalidArgumentError("device pages need a KV cache in device memory");
-  }
   KV_ASSIGN_OR_RETURN(std::vector<PrefixCopies> copies,
                       SelectPrefixCopies(geometry_, split(), int2_encoding(), namespace_key,
                                          prompt, pages, device_pages));
@@ -687,7 +707,8 @@ absl::StatusOr<int64_t> KvCache::CheckCachedPrefix(const PageKey& namespace_key,
 
 absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const std::string> pages,
                                               std::span<const DevicePage> device_pages,
-                                              DevicePageAccess* access) {
+                                              DevicePageAccess* access,
+                                              std::shared_ptr<void> in_place_hold) {
   const int64_t P = options_.layout.page_tokens;
   if (seq.num_tokens != 0) {
     return absl::FailedPreconditionError("a cached prefix is imported into an empty sequence");
@@ -721,9 +742,15 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
       if (slot >= 0) int2_pool_->Free(slot);
       slot = -1;
     }
+    seq.int2_in_place.clear();
+    seq.in_place_pages = 0;
   };
   seq.bf16_slot.assign(n, -1);
   seq.int2_slot.assign(n, -1);
+  seq.int2_in_place.clear();
+  seq.in_place_pages = 0;
+  // History pages read where they lie: their digests are checked there, with the gathers.
+  const bool in_place = in_place_hold != nullptr && access != nullptr && split();
   seq.page_keys.clear();
   const int64_t sink_pages = options_.layout.sink_tokens / P;
   const int64_t demoted_end = DemotedPagesEnd(n * P);
@@ -738,6 +765,18 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
     }
     const bool history = split() && p >= sink_pages && p < demoted_end;
     const PrefixSource& exact = history ? int2_source : bf16_source;
+    if (exact.device != nullptr && history && in_place &&
+        exact.device->byte_length == int2_pool_->slot_bytes() &&
+        access->CanReadInPlace(*exact.device)) {
+      if (seq.int2_in_place.empty()) seq.int2_in_place.resize(n);
+      seq.int2_in_place[p] = *exact.device;
+      ++seq.in_place_pages;
+      gathers.push_back({.src = exact.device->bytes,
+                         .dst = nullptr,
+                         .bytes = exact.device->byte_length,
+                         .digest64 = exact.device->digest64});
+      continue;
+    }
     if (exact.device != nullptr) {
       PagePool& pool = history ? *int2_pool_ : *bf16_pool_;
       std::optional<int32_t> s = pool.Allocate();
@@ -836,8 +875,22 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
       return copied;
     }
   }
+  if (seq.in_place_pages > 0) {
+    seq.in_place_hold = std::move(in_place_hold);
+    // Those pages never take a slot of this cache: their reservation is free for others.
+    const int64_t freed = std::min(seq.in_place_pages, seq.reserved_int2);
+    seq.reserved_int2 -= freed;
+    reserved_int2_ -= freed;
+  }
   seq.num_tokens = n * P;
   return dequantised;
+}
+
+absl::StatusOr<std::unique_ptr<SharedPageMemory>> DevicePageAccess::MapShared(int fd,
+                                                                              int64_t bytes) {
+  (void)bytes;
+  close(fd);
+  return absl::UnimplementedError("this backend cannot map another process's memory");
 }
 
 int64_t KvCache::SequenceBytes(const SequenceKv& seq) const {

@@ -108,6 +108,7 @@ class PagePool {
   int64_t num_slots() const { return num_slots_; }
   int64_t free_slots() const { return static_cast<int64_t>(free_.size()); }
   bool host_accessible() const { return memory_->host_accessible(); }
+  const std::shared_ptr<PageMemory>& memory() const { return memory_; }
   // Copies into, or out of, slot s at `offset` within it.
   absl::Status Write(int32_t s, int64_t offset, const void* src, int64_t n);
   absl::Status Read(int32_t s, int64_t offset, void* dst, int64_t n) const;
@@ -143,28 +144,6 @@ struct KvCacheOptions {
   PageMemoryAllocator allocate_page_memory;
 };
 
-// The pages of one sequence. Page i covers tokens [i*64, (i+1)*64).
-struct SequenceKv {
-  int64_t num_tokens = 0;          // tokens whose K/V are in the cache
-  std::vector<int32_t> bf16_slot;  // per page: BF16 slot or -1
-  std::vector<int32_t> int2_slot;  // per page: INT2 slot or -1
-  std::vector<int32_t> tokens;     // the token ids, for page keys
-  PageKey namespace_key;           // root of the radix chain (docs/hashing.md)
-  std::vector<PageKey> page_keys;  // keys of the full pages so far
-  int64_t reserved_bf16 = 0;       // slots reserved at admission
-  int64_t reserved_int2 = 0;
-};
-
-// One full page of a sequence as the kvstore stores it: the whole page, header included
-// (docs/kv-format.md), ready for core ParsePage. INT2 for demoted (history) pages, BF16 for the
-// sink pages and the pages still in the recent window (the "BF16 recent copies").
-struct ExportedPage {
-  int64_t page_index = 0;
-  PageKey key;
-  kernels::PageEncoding encoding = kernels::PageEncoding::kBf16;
-  std::string bytes;
-};
-
 // A cached page whose bytes lie in device memory this process has mapped (the GPU kvstore's
 // HBM pool, same-GPU transport): what the store said about it, and where it is. The store
 // checked the page on Put; its digest (core/page_digest.h) is checked where it lands.
@@ -178,6 +157,45 @@ struct DevicePage {
   uint64_t digest64 = 0;
 };
 
+// The pages of one sequence. Page i covers tokens [i*64, (i+1)*64).
+struct SequenceKv {
+  int64_t num_tokens = 0;          // tokens whose K/V are in the cache
+  std::vector<int32_t> bf16_slot;  // per page: BF16 slot or -1
+  std::vector<int32_t> int2_slot;  // per page: INT2 slot or -1
+  std::vector<int32_t> tokens;     // the token ids, for page keys
+  PageKey namespace_key;           // root of the radix chain (docs/hashing.md)
+  std::vector<PageKey> page_keys;  // keys of the full pages so far
+  int64_t reserved_bf16 = 0;       // slots reserved at admission
+  int64_t reserved_int2 = 0;
+  // Per page (empty, or as long as int2_slot): a history page the sequence reads where it lies,
+  // in memory the cache does not own (a GPU kvstore's pool on this GPU, mapped here), or one
+  // with null bytes. Such a page has no INT2 slot. KvCache::ImportPrefix fills it.
+  std::vector<DevicePage> int2_in_place;
+  int64_t in_place_pages = 0;
+  // Keeps what those pages lie in mapped, and leased from its owner, until the sequence is
+  // released.
+  std::shared_ptr<void> in_place_hold;
+};
+
+// One full page of a sequence as the kvstore stores it: the whole page, header included
+// (docs/kv-format.md), ready for core ParsePage. INT2 for demoted (history) pages, BF16 for the
+// sink pages and the pages still in the recent window (the "BF16 recent copies").
+struct ExportedPage {
+  int64_t page_index = 0;
+  PageKey key;
+  kernels::PageEncoding encoding = kernels::PageEncoding::kBf16;
+  std::string bytes;
+};
+
+// Memory of another process on the same device, mapped into this one
+// (DevicePageAccess::MapShared): its pages' addresses are valid while this object lives.
+class SharedPageMemory {
+ public:
+  virtual ~SharedPageMemory() = default;
+  virtual const uint8_t* data() const = 0;
+  virtual int64_t size() const = 0;
+};
+
 // How a cache on a device moves DevicePages (the CUDA backend implements it).
 class DevicePageAccess {
  public:
@@ -188,10 +206,20 @@ class DevicePageAccess {
     uint64_t digest64 = 0;
   };
   virtual ~DevicePageAccess() = default;
-  // Copies every page device to device; DataLoss naming the page when a digest differs.
+  // Copies every page device to device; DataLoss naming the page when a digest differs. A copy
+  // with a null `dst` only checks its source's digest (a page read in place).
   virtual absl::Status CopyPages(std::span<const Copy> copies) = 0;
   // A page's bytes in host memory (for a page that must be converted on import), digest checked.
   virtual absl::StatusOr<std::string> ReadPage(const DevicePage& page) = 0;
+  // Maps `bytes` of memory that another process on this device exported as a POSIX file
+  // descriptor (taken here, and closed), for its pages to be copied (CopyPages) or, where
+  // CanReadInPlace says so, read where they lie. Placed, when it can be, where the backend's
+  // kernels reach pages in place. Unimplemented where the backend cannot map such memory.
+  virtual absl::StatusOr<std::unique_ptr<SharedPageMemory>> MapShared(int fd, int64_t bytes);
+  // Whether the backend's kernels can read this page where it lies, for as long as its memory
+  // stays mapped, instead of from a slot of the cache: an INT2 history page of the cache's
+  // geometry in memory placed within the backend's reach.
+  virtual bool CanReadInPlace(const DevicePage& page) const { return false; }
 };
 
 class KvCache {
@@ -250,8 +278,10 @@ class KvCache {
   // computing them.
   //
   // The full pages of `seq` [floor(num_tokens / 64)] in order, each with its current copy.
-  // FailedPrecondition for the evaluation formats (their pages can never be published).
-  absl::StatusOr<std::vector<ExportedPage>> ExportPages(const SequenceKv& seq) const;
+  // FailedPrecondition for the evaluation formats (their pages can never be published). Pages
+  // read in place are read through `access` (digest checked); Internal without it.
+  absl::StatusOr<std::vector<ExportedPage>> ExportPages(const SequenceKv& seq,
+                                                        DevicePageAccess* access = nullptr) const;
   // Checks a cached prefix for a prompt: `pages` (whole page bytes, any order, one or two
   // copies — INT2 and/or BF16 — per page) must cover pages 0..N-1 with N*64 <= prompt size - 1,
   // parse (ParsePage), match this cache's geometry and encodings and carry the radix keys of the
@@ -259,7 +289,7 @@ class KvCache {
   // A page that is INT2 history at N*64 tokens needs an INT2 copy unless the demotion clips are
   // set (then a BF16 copy is demoted on import). Returns N (0 for no pages);
   // InvalidArgument naming the page and the problem otherwise.
-  // `device_pages` come after `pages` in the same roles (a device cache only).
+  // `device_pages` come after `pages` in the same roles (moved by the backend's DevicePageAccess).
   absl::StatusOr<int64_t> CheckCachedPrefix(const PageKey& namespace_key,
                                             std::span<const int32_t> prompt,
                                             std::span<const std::string> pages,
@@ -273,12 +303,20 @@ class KvCache {
   // Device pages already in the form the sequence needs are copied into their slots device to
   // device through `access` (one gather, digests checked); one that needs converting is read to
   // the host first. A failed copy is DataLoss and the sequence keeps no slot of the prefix.
+  // With `in_place_hold` (what keeps the device pages' memory mapped and the pages leased), the
+  // INT2 history pages that access->CanReadInPlace are not copied: their digests are checked
+  // where they lie, the sequence reads them there (SequenceKv::int2_in_place) and keeps
+  // `in_place_hold` until it is released, and its reservation shrinks by their number.
   absl::StatusOr<int64_t> ImportPrefix(SequenceKv& seq, std::span<const std::string> pages,
                                        std::span<const DevicePage> device_pages = {},
-                                       DevicePageAccess* access = nullptr);
+                                       DevicePageAccess* access = nullptr,
+                                       std::shared_ptr<void> in_place_hold = nullptr);
 
-  // Bytes of KV data held by a sequence (its slots, headers included).
+  // Bytes of KV data held by a sequence (its slots, headers included; not the pages it reads
+  // in place, which are its owner's).
   int64_t SequenceBytes(const SequenceKv& seq) const;
+  // The start of page `page`'s history copy: its slot, or where it is read in place.
+  const uint8_t* HistoryPage(const SequenceKv& seq, int64_t page) const;
 
  private:
   KvCache(const kernels::KvGeometry& g, const KvCacheOptions& o) : geometry_(g), options_(o) {}

@@ -18,6 +18,7 @@ struct Scheduler::Sequence {
   int64_t prefilled = 0;  // prompt tokens in the cache
   int cached_tokens = 0;
   int recent_window_from_int2_pages = 0;
+  int in_place_pages = 0;
   bool finished = false;
 };
 
@@ -84,7 +85,8 @@ void Scheduler::Cancel(uint64_t sequence_id, FinishReason reason) {
 
 void Scheduler::Publish(const Sequence& s, GenerationEvent& e) const {
   if (!s.request.publish_pages) return;
-  absl::StatusOr<std::vector<ExportedPage>> pages = cache_->ExportPages(s.kv);
+  absl::StatusOr<std::vector<ExportedPage>> pages =
+      cache_->ExportPages(s.kv, backend_->device_page_access());
   if (!pages.ok()) {
     std::fprintf(stderr, "kvstrata: request %s: pages not published: %s\n",
                  s.request.request_id.c_str(), std::string(pages.status().message()).c_str());
@@ -104,6 +106,7 @@ void Scheduler::Finish(Sequence& s, FinishReason reason, std::vector<GenerationE
   e.generated_tokens = static_cast<int>(s.generated.size());
   e.cached_tokens = s.cached_tokens;
   e.recent_window_from_int2_pages = s.recent_window_from_int2_pages;
+  e.in_place_pages = s.in_place_pages;
   if (reason != FinishReason::kError) Publish(s, e);  // after an error the pages are unknown
   events->push_back(std::move(e));
   cache_->Release(s.kv);
@@ -147,7 +150,7 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     if (!s.request.cached_pages.empty() || !s.request.device_cached_pages.empty()) {
       absl::StatusOr<int64_t> dequantised =
           cache_->ImportPrefix(s.kv, s.request.cached_pages, s.request.device_cached_pages,
-                               backend_->device_page_access());
+                               backend_->device_page_access(), s.request.in_place_hold);
       if (!dequantised.ok()) {
         // A cached prefix that cannot be imported (a device page that failed its digest, a
         // copy that failed) is a miss: the sequence computes its whole prompt instead.
@@ -167,13 +170,16 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
         s.prefilled = s.kv.num_tokens;
         s.cached_tokens = static_cast<int>(s.kv.num_tokens);
         s.recent_window_from_int2_pages = static_cast<int>(*dequantised);
+        s.in_place_pages = static_cast<int>(s.kv.in_place_pages);
       }
       s.request.cached_pages.clear();
       s.request.cached_pages.shrink_to_fit();
       s.request.device_cached_pages.clear();
     }
-    // Nothing reads the cached pages' memory again (the copies into the slots have ended).
+    // Nothing reads the cached pages' memory again (the copies into the slots have ended;
+    // pages read in place are held by the sequence itself).
     s.request.cached_pages_owner.reset();
+    s.request.in_place_hold.reset();
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -263,11 +269,13 @@ absl::Status Scheduler::Step(std::vector<GenerationEvent>* events) {
     e.matched_stop = stop.matched_stop;
     e.cached_tokens = s.cached_tokens;
     e.recent_window_from_int2_pages = s.recent_window_from_int2_pages;
+    e.in_place_pages = s.in_place_pages;
     if (stop.finish != FinishReason::kNone) {
       Publish(s, e);
     } else if (s.generated.size() == 1 && s.request.publish_pages) {
       // Prefill is done: the prompt's full pages are final, share them now.
-      absl::StatusOr<std::vector<ExportedPage>> pages = cache_->ExportPages(s.kv);
+      absl::StatusOr<std::vector<ExportedPage>> pages =
+          cache_->ExportPages(s.kv, backend_->device_page_access());
       if (pages.ok()) e.prompt_pages = *std::move(pages);
     }
     events->push_back(std::move(e));

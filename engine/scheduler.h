@@ -45,6 +45,12 @@ struct GenerationRequest {
   // prefix is imported into the sequence's own slots (or fails to be), or when the request ends
   // before that. Null: nothing to let go of.
   std::shared_ptr<void> cached_pages_owner;
+  // Set when the device cached pages may be read where they lie for the whole request: what
+  // keeps their memory mapped and the pages leased (the GPU kvstore's pool on this GPU, and a
+  // lease held by this worker's connection to it). The history pages the backend can reach are
+  // then not copied (KvCache::ImportPrefix); the sequence keeps this until it ends. Null: every
+  // device page is copied into the sequence's own slots.
+  std::shared_ptr<void> in_place_hold;
   // When true, the final event carries the sequence's full pages (published_pages), and the
   // event of the first generated token, if the sequence goes on, its full prompt pages
   // (prompt_pages), so they can be shared while it decodes.
@@ -66,6 +72,8 @@ struct GenerationEvent {
   // Cached pages that had to be BF16 (sink or recent window) but came only as INT2 and were
   // dequantised (those tokens' K/V are approximate, not what prefill computes).
   int recent_window_from_int2_pages = 0;
+  // Cached history pages the sequence reads where they lie (GenerationRequest::in_place_hold).
+  int in_place_pages = 0;
   // Final event only, when the request asked (publish_pages) and the sequence did not fail:
   // its full pages as the kvstore stores them, taken before the pages were freed.
   std::vector<ExportedPage> published_pages;

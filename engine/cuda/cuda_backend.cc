@@ -20,7 +20,7 @@ absl::Status CudaBackend::Init() {
   decode_ctas_per_sm_ = kernels::SplitDecodeCtasPerSm(
       cfg_.head_dim, cache_->split() ? cache_->int2_encoding() : kernels::PageEncoding::kBf16);
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_), "cudaStreamCreate");
-  page_access_ = std::make_unique<CudaDevicePageAccess>(device_, stream_);
+  page_access_ = std::make_unique<CudaDevicePageAccess>(device_, stream_, cache_);
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_), "cudaEventCreate");
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop_), "cudaEventCreate");
   KV_ASSIGN_OR_RETURN(blas_lib_, OpenCublas());
@@ -298,6 +298,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedMo
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA backend's INT2 kernels need kv_cache.group_size = head_dim (", g.head_dim,
         "), not ", g.group_size));
+  }
+  if (const PagePool* history = cache->int2_pool();
+      history != nullptr && (history->slot_bytes() % kHistoryUnitBytes != 0 ||
+                             history->num_slots() * history->slot_bytes() > kHistoryReachBytes)) {
+    // The attention kernels' page tables count history pages in 64-byte units (int32).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the KV cache's history pool (", history->num_slots(), " pages of ", history->slot_bytes(),
+        " bytes) exceeds the CUDA backend's reach of ", kHistoryReachBytes >> 30,
+        " GiB: lower kv_cache.capacity_bytes (--kv-cache-mb)"));
   }
   if (g.head_dim != 64 && g.head_dim != 128) {
     return absl::UnimplementedError(

@@ -168,6 +168,10 @@ class CudaBackend final : public Backend {
   void BuildHostArrays(const std::vector<ForwardItem>& batch, HostPlan* host) const;
   // A decode item's pages as the split decode's segments: sink, history, recent window.
   void AddDecodeSegments(const SequenceKv& seq, int64_t end, int row, HostPlan* host) const;
+  // Where page `page`'s history copy lies, as the attention kernels' page tables say it: in
+  // kHistoryUnitBytes units from the history pool's start (its own slots and pages read in
+  // place alike, so a captured graph serves both), -1 when it has none.
+  int32_t HistoryIndex(const SequenceKv& seq, int64_t page) const;
   // Packs the host arrays into one metadata copy, enqueues it, and points the plan at them.
   absl::Status StageMetadata(const HostPlan& host, Plan* plan);
   // The chunk attention's counts, pools and layout (its arrays are staged already).

@@ -60,7 +60,7 @@ void CudaBackend::BuildHostArrays(const std::vector<ForwardItem>& batch, HostPla
       h.c_pos0.push_back(static_cast<int32_t>(it.pos0));
       for (int64_t p = 0; p < pages; ++p) {
         h.c_bf16.push_back(p < static_cast<int64_t>(seq.bf16_slot.size()) ? seq.bf16_slot[p] : -1);
-        h.c_int2.push_back(p < static_cast<int64_t>(seq.int2_slot.size()) ? seq.int2_slot[p] : -1);
+        h.c_int2.push_back(HistoryIndex(seq, p));
       }
       h.c_indptr.push_back(static_cast<int32_t>(h.c_bf16.size()));
       h.max_len = std::max(h.max_len, it.n);
@@ -105,7 +105,7 @@ void CudaBackend::AddDecodeSegments(const SequenceKv& seq, int64_t end, int row,
   for (int64_t p = 0; p < sink_end; ++p) h.seg_indices[0].push_back(seq.bf16_slot[p]);
   h.seg_last[0].push_back(sink_end > 0 ? last_len(sink_end) : P);
   for (int64_t p = sink_end; p < hist_end; ++p) {
-    h.seg_indices[1].push_back(split ? seq.int2_slot[p] : seq.bf16_slot[p]);
+    h.seg_indices[1].push_back(split ? HistoryIndex(seq, p) : seq.bf16_slot[p]);
   }
   h.seg_last[1].push_back(P);
   for (int64_t p = hist_end; p < pages; ++p) h.seg_indices[2].push_back(seq.bf16_slot[p]);
@@ -116,6 +116,21 @@ void CudaBackend::AddDecodeSegments(const SequenceKv& seq, int64_t end, int row,
   h.max_history = std::max<int>(h.max_history, static_cast<int>(hist_end - sink_end));
   h.max_window_pages =
       std::max<int>(h.max_window_pages, static_cast<int>(sink_end + pages - hist_end));
+}
+
+int32_t CudaBackend::HistoryIndex(const SequenceKv& seq, int64_t page) const {
+  if (!cache_->split()) return -1;
+  if (page < static_cast<int64_t>(seq.int2_slot.size()) && seq.int2_slot[page] >= 0) {
+    return static_cast<int32_t>(int64_t{seq.int2_slot[page]} *
+                                (cache_->int2_pool()->slot_bytes() / kHistoryUnitBytes));
+  }
+  if (page < static_cast<int64_t>(seq.int2_in_place.size()) &&
+      seq.int2_in_place[page].bytes != nullptr) {
+    // Within reach: KvCache imported it only where page_access_->CanReadInPlace.
+    return static_cast<int32_t>((seq.int2_in_place[page].bytes - cache_->int2_pool()->base()) /
+                                kHistoryUnitBytes);
+  }
+  return -1;
 }
 
 absl::Status CudaBackend::StageMetadata(const HostPlan& h, Plan* plan) {
@@ -192,7 +207,7 @@ void CudaBackend::PlanChunkAttention(const HostPlan& h, Plan* plan) const {
   c.bf16_stride = cache_->bf16_pool().slot_bytes();
   if (split) {
     c.int2_pool = cache_->int2_pool()->base();
-    c.int2_stride = cache_->int2_pool()->slot_bytes();
+    c.int2_stride = kHistoryUnitBytes;  // HistoryIndex's units
   }
   c.int2_encoding = cache_->int2_encoding();
   c.split = split;
@@ -219,7 +234,7 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
     kernels::PagedSegmentView& v = d.segments[s];
     const PagePool& pool = s == 1 && split ? *cache_->int2_pool() : cache_->bf16_pool();
     v.pool = pool.base();
-    v.slot_stride = pool.slot_bytes();
+    v.slot_stride = s == 1 && split ? kHistoryUnitBytes : pool.slot_bytes();  // HistoryIndex
     v.encoding = encodings[s];
   }
   d.out = decode_out_.as<float>();

@@ -17,6 +17,17 @@ absl::Status CudaError(cudaError_t e, const char* what, int device) {
 
 }  // namespace
 
+CudaDevicePageAccess::CudaDevicePageAccess(int device, cudaStream_t stream, const KvCache* cache)
+    : device_(device), stream_(stream) {
+  const PagePool* history = cache->int2_pool();
+  if (history == nullptr || cache->options().format != KvCacheFormat::kInt2) return;
+  if (const auto* memory = dynamic_cast<const DevicePageMemory*>(history->memory().get())) {
+    room_ = memory->room();
+  }
+  history_base_ = history->base();
+  history_encoding_ = cache->int2_encoding();
+}
+
 CudaDevicePageAccess::~CudaDevicePageAccess() {
   cudaFree(copies_);
   cudaFree(sums_);
@@ -101,6 +112,32 @@ absl::StatusOr<std::string> CudaDevicePageAccess::ReadPage(const DevicePage& pag
                                             " failed its digest on the way to the host"));
   }
   return bytes;
+}
+
+}  // namespace kvstrata::engine
+
+namespace kvstrata::engine {
+
+absl::StatusOr<std::unique_ptr<SharedPageMemory>> CudaDevicePageAccess::MapShared(int fd,
+                                                                                  int64_t bytes) {
+  absl::StatusOr<std::unique_ptr<ImportedPageMemory>> m =
+      ImportedPageMemory::Import(device_, fd, bytes, room_);
+  if (!m.ok()) return m.status();
+  return std::unique_ptr<SharedPageMemory>(*std::move(m));
+}
+
+bool CudaDevicePageAccess::CanReadInPlace(const DevicePage& page) const {
+  if (history_base_ == nullptr || page.encoding != history_encoding_ || page.bytes == nullptr) {
+    return false;
+  }
+  // Within reach of the history pool's page tables: after its start, on a unit boundary, and
+  // ending before the reach (the units are int32 indices; see kHistoryReachBytes).
+  const auto at = reinterpret_cast<uintptr_t>(page.bytes);
+  const auto base = reinterpret_cast<uintptr_t>(history_base_);
+  if (at < base) return false;
+  const uint64_t offset = at - base;
+  return offset % kHistoryUnitBytes == 0 && offset + static_cast<uint64_t>(page.byte_length) <=
+                                                static_cast<uint64_t>(kHistoryReachBytes);
 }
 
 }  // namespace kvstrata::engine

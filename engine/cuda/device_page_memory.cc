@@ -4,10 +4,13 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -68,8 +71,61 @@ absl::Status DriverError(CUresult r, const char* call, int device) {
 
 }  // namespace
 
+class AddressRoom {
+ public:
+  // The reservation [base, base + reserved), of which [base + first_free, ...) is free.
+  AddressRoom(int device, CUdeviceptr base, int64_t reserved, int64_t first_free)
+      : device_(device), base_(base), reserved_(reserved) {
+    if (first_free < reserved) free_[first_free] = reserved - first_free;
+  }
+  ~AddressRoom() {
+    const Driver& d = GetDriver();
+    if (d.status.ok()) d.address_free(base_, static_cast<size_t>(reserved_));
+  }
+
+  // The lowest free range of `bytes` (a multiple of the granularity), or nullopt.
+  std::optional<CUdeviceptr> Take(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const int64_t at = it->first, left = it->second - bytes;
+      free_.erase(it);
+      if (left > 0) free_[at + bytes] = left;
+      return base_ + static_cast<CUdeviceptr>(at);
+    }
+    return std::nullopt;
+  }
+  void Give(CUdeviceptr address, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t at = static_cast<int64_t>(address - base_), len = bytes;
+    auto next = free_.lower_bound(at);
+    if (next != free_.end() && next->first == at + len) {
+      len += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == at) {
+        at = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[at] = len;
+  }
+  int device() const { return device_; }
+
+ private:
+  const int device_;
+  const CUdeviceptr base_;
+  const int64_t reserved_;
+  std::mutex mu_;
+  std::map<int64_t, int64_t> free_;  // offset -> length, disjoint, never adjacent
+};
+
 absl::StatusOr<std::unique_ptr<DevicePageMemory>> DevicePageMemory::Allocate(int device,
-                                                                             int64_t bytes) {
+                                                                             int64_t bytes,
+                                                                             int64_t reach) {
   const Driver& d = GetDriver();
   if (!d.status.ok()) return d.status;
   // Make sure the runtime has a context on the device (the VMM calls need none, the copies do).
@@ -101,12 +157,18 @@ absl::StatusOr<std::unique_ptr<DevicePageMemory>> DevicePageMemory::Allocate(int
     return DriverError(r, "cuMemCreate", device);
   }
   m->handle_ = handle;
+  // With a reach, the address space up to it is reserved too: imports go there (room()).
+  const int64_t span = std::max<int64_t>(
+      size, reach / static_cast<int64_t>(granularity) * static_cast<int64_t>(granularity));
   CUdeviceptr address = 0;
-  if (CUresult r = d.reserve(&address, static_cast<size_t>(size), granularity, 0, 0);
+  if (CUresult r = d.reserve(&address, static_cast<size_t>(span), granularity, 0, 0);
       r != CUDA_SUCCESS) {
     return DriverError(r, "cuMemAddressReserve", device);
   }
   m->address_ = address;
+  if (span > size) {
+    m->room_ = std::make_shared<AddressRoom>(device, address, span, size);
+  }
   if (CUresult r = d.map(address, static_cast<size_t>(size), 0, handle, 0); r != CUDA_SUCCESS) {
     return DriverError(r, "cuMemMap", device);
   }
@@ -132,7 +194,8 @@ DevicePageMemory::~DevicePageMemory() {
   if (!d.status.ok()) return;
   if (address_ != 0) {
     d.unmap(address_, static_cast<size_t>(reserved_));
-    d.address_free(address_, static_cast<size_t>(reserved_));
+    // With room for imports, the room frees the whole reservation once its imports are gone.
+    if (room_ == nullptr) d.address_free(address_, static_cast<size_t>(reserved_));
   }
   if (handle_ != 0) d.release(handle_);
 }
@@ -168,8 +231,8 @@ absl::StatusOr<int> DevicePageMemory::ExportHandle() const {
   return fd;
 }
 
-absl::StatusOr<std::unique_ptr<ImportedPageMemory>> ImportedPageMemory::Import(int device, int fd,
-                                                                               int64_t bytes) {
+absl::StatusOr<std::unique_ptr<ImportedPageMemory>> ImportedPageMemory::Import(
+    int device, int fd, int64_t bytes, std::shared_ptr<AddressRoom> room) {
   struct CloseFd {
     int fd;
     ~CloseFd() { close(fd); }
@@ -202,15 +265,28 @@ absl::StatusOr<std::unique_ptr<ImportedPageMemory>> ImportedPageMemory::Import(i
   }
   m->handle_ = handle;
   CUdeviceptr address = 0;
-  if (CUresult r = d.reserve(&address, static_cast<size_t>(m->reserved_), granularity, 0, 0);
-      r != CUDA_SUCCESS) {
-    return DriverError(r, "cuMemAddressReserve", device);
+  if (room != nullptr && room->device() == device) {
+    if (std::optional<CUdeviceptr> at = room->Take(m->reserved_)) {
+      address = *at;
+      m->room_ = std::move(room);
+    }
+  }
+  if (address == 0) {
+    if (CUresult r = d.reserve(&address, static_cast<size_t>(m->reserved_), granularity, 0, 0);
+        r != CUDA_SUCCESS) {
+      return DriverError(r, "cuMemAddressReserve", device);
+    }
   }
   m->address_ = address;
   if (CUresult r = d.map(address, static_cast<size_t>(m->reserved_), 0, handle, 0);
       r != CUDA_SUCCESS) {
     m->address_ = 0;
-    d.address_free(address, static_cast<size_t>(m->reserved_));
+    if (m->room_ != nullptr) {
+      m->room_->Give(address, m->reserved_);
+      m->room_.reset();
+    } else {
+      d.address_free(address, static_cast<size_t>(m->reserved_));
+    }
     return DriverError(r, "cuMemMap (an imported pool)", device);
   }
   CUmemAccessDesc access{};
@@ -228,7 +304,11 @@ ImportedPageMemory::~ImportedPageMemory() {
   if (!d.status.ok()) return;
   if (address_ != 0) {
     d.unmap(address_, static_cast<size_t>(reserved_));
-    d.address_free(address_, static_cast<size_t>(reserved_));
+    if (room_ != nullptr) {
+      room_->Give(address_, reserved_);
+    } else {
+      d.address_free(address_, static_cast<size_t>(reserved_));
+    }
   }
   if (handle_ != 0) d.release(handle_);
 }
@@ -248,9 +328,10 @@ absl::StatusOr<std::pair<std::string, std::string>> GpuUuidAndName(int device) {
   return std::make_pair(uuid, std::string(prop.name));
 }
 
-PageMemoryAllocator DevicePageMemoryAllocator(int device) {
-  return [device](int64_t bytes) -> absl::StatusOr<std::unique_ptr<PageMemory>> {
-    absl::StatusOr<std::unique_ptr<DevicePageMemory>> m = DevicePageMemory::Allocate(device, bytes);
+PageMemoryAllocator DevicePageMemoryAllocator(int device, int64_t reach) {
+  return [device, reach](int64_t bytes) -> absl::StatusOr<std::unique_ptr<PageMemory>> {
+    absl::StatusOr<std::unique_ptr<DevicePageMemory>> m =
+        DevicePageMemory::Allocate(device, bytes, reach);
     if (!m.ok()) return m.status();
     return std::unique_ptr<PageMemory>(*std::move(m));
   };

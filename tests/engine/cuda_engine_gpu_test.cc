@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/page_digest.h"
+#include "engine/cuda/device_page_memory.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 
@@ -524,6 +526,123 @@ TEST_P(CudaEngineTest, PagesMoveBetweenCpuAndGpuEngines) {
     EXPECT_LE(d.mean_kl, 1e-3) << direction;
     EXPECT_EQ(differ, 0) << direction;
   }
+}
+
+// A GPU kvstore's pool stands here as a second allocation, exported and mapped back through the
+// engine's device page access as a worker maps the store's (MapShared: in the address room of
+// the cache's page memory, within its page tables' reach). A prefix in it, imported once by
+// copying and once read in place, gives bit for bit the same greedy tokens: the kernels read
+// the same bytes either way. A page changed in the pool is a miss (its digest), never used.
+TEST_P(CudaEngineTest, PagesReadInPlaceFromAnotherPoolDecodeAsTheirCopies) {
+  std::unique_ptr<Engine> gpu = Make(true);
+  ASSERT_TRUE(gpu);
+  const std::vector<int32_t> prompt = gpu->EncodeText(Licence("GPL-3").substr(0, 5000));
+  GenerationRequest publish = Greedy(*gpu, prompt, 1);
+  publish.publish_pages = true;
+  absl::StatusOr<GenerationStats> exported = gpu->Generate(publish);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  const int64_t cacheable = (static_cast<int64_t>(prompt.size()) - 1) / 64;
+  // The pool: pages at 256-byte aligned offsets, as the store's range allocator places them.
+  std::vector<const ExportedPage*> pages;
+  std::vector<int64_t> offsets;
+  int64_t bytes = 4096;
+  for (const ExportedPage& p : exported->published_pages) {
+    if (p.page_index >= cacheable) continue;
+    pages.push_back(&p);
+    offsets.push_back(bytes);
+    bytes += (static_cast<int64_t>(p.bytes.size()) + 255) / 256 * 256;
+  }
+  ASSERT_EQ(static_cast<int64_t>(pages.size()), cacheable);
+  absl::StatusOr<std::unique_ptr<DevicePageMemory>> store = DevicePageMemory::Allocate(0, bytes);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    ASSERT_TRUE((*store)
+                    ->Write(offsets[i], pages[i]->bytes.data(),
+                            static_cast<int64_t>(pages[i]->bytes.size()))
+                    .ok());
+  }
+  absl::StatusOr<int> fd = (*store)->ExportHandle();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  DevicePageAccess* access = gpu->backend().device_page_access();
+  ASSERT_NE(access, nullptr);
+  absl::StatusOr<std::unique_ptr<SharedPageMemory>> mapped = access->MapShared(*fd, bytes);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  std::shared_ptr<SharedPageMemory> pool = *std::move(mapped);
+  const PageKey ns = *gpu->PageNamespace("");
+  std::vector<DevicePage> device;
+  int reachable = 0;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const ExportedPage& p = *pages[i];
+    device.push_back({.key = p.key,
+                      .parent_key = i == 0 ? ns : pages[i - 1]->key,
+                      .page_index = p.page_index,
+                      .encoding = p.encoding,
+                      .bytes = pool->data() + offsets[i],
+                      .byte_length = static_cast<int64_t>(p.bytes.size()),
+                      .digest64 = PageDigest64(p.bytes.data(), p.bytes.size())});
+    reachable += access->CanReadInPlace(device.back());
+  }
+  const int history = GetParam() == KvCacheFormat::kBf16
+                          ? 0
+                          : static_cast<int>(gpu->cache().DemotedPagesEnd(cacheable * 64)) - 1;
+  EXPECT_EQ(reachable, history) << "every INT2 history page of the mapped pool is in reach";
+  // Greedy continuations: copied, then read in place (and a batch of both at once).
+  std::vector<int> cached;
+  auto run = [&](std::vector<GenerationRequest> requests, std::vector<int>* in_place) {
+    std::vector<uint64_t> ids;
+    for (GenerationRequest& r : requests) ids.push_back(*gpu->Submit(std::move(r)));
+    std::vector<std::vector<int32_t>> tokens(ids.size());
+    in_place->assign(ids.size(), -1);
+    cached.assign(ids.size(), -1);
+    std::vector<GenerationEvent> events;
+    while (!gpu->scheduler().idle()) {
+      events.clear();
+      EXPECT_TRUE(gpu->scheduler().Step(&events).ok());
+      for (const GenerationEvent& e : events) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (e.sequence_id != ids[i]) continue;
+          if (e.token >= 0) tokens[i].push_back(e.token);
+          (*in_place)[i] = e.in_place_pages;
+          cached[i] = e.cached_tokens;
+        }
+      }
+    }
+    return tokens;
+  };
+  auto request = [&](bool in_place) {
+    GenerationRequest r = Greedy(*gpu, prompt, 32);
+    r.stop.ignore_eos = true;
+    r.device_cached_pages = device;
+    if (in_place) r.in_place_hold = pool;
+    return r;
+  };
+  std::vector<int> in_place;
+  const auto copied = run({request(false)}, &in_place);
+  EXPECT_EQ(in_place[0], 0);
+  EXPECT_EQ(cached[0], cacheable * 64);
+  const auto read = run({request(true)}, &in_place);
+  EXPECT_EQ(in_place[0], history);
+  EXPECT_EQ(cached[0], cacheable * 64);
+  ASSERT_EQ(read[0].size(), 32u);
+  EXPECT_EQ(read[0], copied[0]) << "in place and copied pages decode the same tokens";
+  const auto both = run({request(true), request(false)}, &in_place);
+  EXPECT_EQ(in_place, (std::vector<int>{history, 0}));
+  EXPECT_EQ(both[0], copied[0]);
+  EXPECT_EQ(both[1], copied[0]);
+  fprintf(stderr, "%s: %lld cached pages, %d read in place; greedy tokens equal to the copy's\n",
+          KvCacheFormatName(GetParam()), static_cast<long long>(cacheable), history);
+  if (history == 0) return;
+  // A history page changed in the pool after the store checked it: a miss.
+  const int64_t corrupt_at = offsets[2] + 4096;
+  const uint8_t flip = 0x5a;
+  uint8_t byte = 0;
+  ASSERT_TRUE((*store)->Read(corrupt_at, &byte, 1).ok());
+  byte ^= flip;
+  ASSERT_TRUE((*store)->Write(corrupt_at, &byte, 1).ok());
+  const auto missed = run({request(true)}, &in_place);
+  EXPECT_EQ(in_place[0], 0);
+  EXPECT_EQ(cached[0], 0) << "a page that fails its digest is a miss";
+  EXPECT_EQ(missed[0].size(), 32u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaEngineTest,

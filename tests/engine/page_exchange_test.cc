@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 
+#include "core/page_digest.h"
 #include "core/page_format.h"
 #include "engine/cpu_backend.h"
 #include "engine/scheduler.h"
@@ -308,6 +311,216 @@ TEST_P(PageExchangeTest, CorruptOrForeignPagesAreRejectedAtSubmit) {
   ok.cached_pages = Bytes(donor.pages, kCachedPages);
   EXPECT_TRUE(scheduler_->Submit(std::move(ok)).ok());
 }
+
+// Pages in "another process's memory" on the CPU: a buffer standing for a GPU kvstore's pool,
+// and a DevicePageAccess over host memory that copies, digests and reads pages there as the
+// CUDA backend's does on the GPU. Pages lying in `pool` can be read in place.
+class HostPageAccess final : public DevicePageAccess {
+ public:
+  explicit HostPageAccess(const std::vector<uint8_t>* pool) : pool_(pool) {}
+  absl::Status CopyPages(std::span<const Copy> copies) override {
+    for (const Copy& c : copies) {
+      ++digests;
+      if (PageDigest64(c.src, static_cast<size_t>(c.bytes)) != c.digest64) {
+        return absl::DataLossError("a device page failed its digest");
+      }
+      if (c.dst != nullptr) {
+        std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+        ++copied;
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> ReadPage(const DevicePage& page) override {
+    ++reads;
+    return std::string(reinterpret_cast<const char*>(page.bytes),
+                       static_cast<size_t>(page.byte_length));
+  }
+  bool CanReadInPlace(const DevicePage& page) const override {
+    return kernels::IsInt2(page.encoding) && page.bytes >= pool_->data() &&
+           page.bytes + page.byte_length <= pool_->data() + pool_->size();
+  }
+  int digests = 0, copied = 0, reads = 0;
+
+ private:
+  const std::vector<uint8_t>* pool_;
+};
+
+// The CPU backend with HostPageAccess as its device page access.
+class BackendWithHostPages final : public Backend {
+ public:
+  BackendWithHostPages(std::unique_ptr<Backend> inner, HostPageAccess* access)
+      : inner_(std::move(inner)), access_(access) {}
+  absl::Status Forward(const std::vector<ForwardItem>& batch, std::vector<float>* logits,
+                       ForwardObserver* observer) override {
+    return inner_->Forward(batch, logits, observer);
+  }
+  int vocab_size() const override { return inner_->vocab_size(); }
+  DevicePageAccess* device_page_access() override { return access_; }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  HostPageAccess* access_;
+};
+
+class InPlaceTest : public PageExchangeTest {
+ protected:
+  // The donor's pages laid out in `pool_` (each 64-byte aligned, as in a store's pool), as the
+  // device pages a same-GPU fetch hands the engine.
+  std::vector<DevicePage> PlaceInPool(const std::vector<ExportedPage>& pages, size_t n) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) bytes += (pages[i].bytes.size() + 63) / 64 * 64 + 64;
+    pool_.assign(bytes, 0);
+    std::vector<DevicePage> out;
+    size_t at = 64;  // not at the pool's start
+    PageKey parent = namespace_key_;
+    for (size_t i = 0; i < n; ++i) {
+      const ExportedPage& e = pages[i];
+      std::memcpy(pool_.data() + at, e.bytes.data(), e.bytes.size());
+      out.push_back({.key = e.key,
+                     .parent_key = parent,
+                     .page_index = e.page_index,
+                     .encoding = e.encoding,
+                     .bytes = pool_.data() + at,
+                     .byte_length = static_cast<int64_t>(e.bytes.size()),
+                     .digest64 = PageDigest64(e.bytes.data(), e.bytes.size())});
+      parent = e.key;
+      at += (e.bytes.size() + 63) / 64 * 64;
+    }
+    return out;
+  }
+  void MakeWithHostPages() {
+    Make();
+    access_ = std::make_unique<HostPageAccess>(&pool_);
+    backend_ = std::make_unique<BackendWithHostPages>(std::move(backend_), access_.get());
+    scheduler_ = std::make_unique<Scheduler>(
+        backend_.get(), cache_.get(), [](int32_t t) { return "<" + std::to_string(t) + ">"; },
+        [](int32_t t) { return t == 0; }, SchedulerOptions{.prefill_chunk = 64});
+  }
+  // Runs `r` on the current scheduler to its end; *in_place the pages it read in place, and
+  // `hold` must stay alive exactly while the sequence runs.
+  RunResult RunHere(GenerationRequest r, const std::weak_ptr<void>& hold, int* in_place) {
+    RunResult out;
+    absl::StatusOr<uint64_t> id = scheduler_->Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    for (int guard = 0; !scheduler_->idle() && guard < 10000; ++guard) {
+      std::vector<GenerationEvent> events;
+      EXPECT_TRUE(scheduler_->Step(&events).ok());
+      for (GenerationEvent& e : events) {
+        if (e.token >= 0) out.tokens.push_back(e.token);
+        *in_place = e.in_place_pages;
+        if (e.finish == FinishReason::kNone) {
+          if (*in_place > 0) EXPECT_FALSE(hold.expired()) << "the pages are still read";
+          continue;
+        }
+        out.finish = e.finish;
+        out.cached_tokens = e.cached_tokens;
+        out.pages = std::move(e.published_pages);
+      }
+    }
+    return out;
+  }
+
+  std::vector<uint8_t> pool_;
+  std::unique_ptr<HostPageAccess> access_;
+};
+
+TEST_P(InPlaceTest, HistoryPagesReadWhereTheyLieGiveTheSameTokensAndPages) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 29);
+  const RunResult scratch = Run(Request(prompt, 16));
+  const RunResult donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  ASSERT_EQ(donor.pages.size(), static_cast<size_t>(kCachedPages));
+  const std::vector<DevicePage> device = PlaceInPool(donor.pages, kCachedPages);
+  MakeWithHostPages();
+  const int64_t free_before = cache_->free_int2_slots();
+  GenerationRequest r = Request(prompt, 16);
+  r.device_cached_pages = device;
+  auto hold = std::make_shared<int>(0);
+  const std::weak_ptr<void> watch = hold;
+  r.in_place_hold = std::move(hold);
+  int in_place = -1;
+  const RunResult imported = RunHere(std::move(r), watch, &in_place);
+  EXPECT_EQ(imported.cached_tokens, kCachedPages * 64);
+  EXPECT_EQ(imported.tokens, scratch.tokens);
+  // Pages 1..3 are INT2 history at 8 pages: read in place (their digests checked), the sink and
+  // the window pages copied; the published pages are byte for byte a full prefill's.
+  const int history = GetParam() == KvCacheFormat::kBf16
+                          ? 0
+                          : static_cast<int>(cache_->DemotedPagesEnd(kCachedPages * 64)) - 1;
+  EXPECT_EQ(in_place, history);
+  EXPECT_EQ(access_->copied, kCachedPages - history);
+  EXPECT_EQ(access_->digests, kCachedPages);
+  // Published twice (the prompt's pages after prefill, every page at the end), each time read
+  // where they lie.
+  EXPECT_EQ(access_->reads, 2 * history);
+  ASSERT_EQ(imported.pages.size(), scratch.pages.size());
+  for (size_t p = 0; p < scratch.pages.size(); ++p) {
+    EXPECT_EQ(imported.pages[p].encoding, scratch.pages[p].encoding) << "page " << p;
+    EXPECT_TRUE(imported.pages[p].bytes == scratch.pages[p].bytes) << "page " << p;
+  }
+  EXPECT_TRUE(watch.expired()) << "let go once the sequence ended";
+  EXPECT_EQ(cache_->free_int2_slots(), free_before);
+}
+
+TEST_P(InPlaceTest, PagesReadInPlaceTakeNoRoomInTheCache) {
+  if (GetParam() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 31);
+  const RunResult donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  const std::vector<DevicePage> device = PlaceInPool(donor.pages, kCachedPages);
+  MakeWithHostPages();
+  const int64_t free_before = cache_->free_int2_slots();
+  GenerationRequest r = Request(prompt, 4);
+  r.device_cached_pages = device;
+  r.in_place_hold = std::make_shared<int>(0);
+  ASSERT_TRUE(scheduler_->Submit(std::move(r)).ok());
+  std::vector<GenerationEvent> events;
+  ASSERT_TRUE(scheduler_->Step(&events).ok());  // admitted and imported
+  const int64_t reserved = cache_->Int2SlotsNeeded(kPromptTokens + 4);
+  const int64_t in_place = cache_->DemotedPagesEnd(kCachedPages * 64) - 1;
+  EXPECT_EQ(free_before - cache_->free_int2_slots(), reserved - in_place);
+}
+
+TEST_P(InPlaceTest, WithoutAHoldOrWithACorruptPageNothingIsReadInPlace) {
+  const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 37);
+  const RunResult scratch = Run(Request(prompt, 8));
+  const RunResult donor =
+      Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
+  const std::vector<DevicePage> device = PlaceInPool(donor.pages, kCachedPages);
+  {  // No hold: every page is copied into the cache's slots.
+    MakeWithHostPages();
+    GenerationRequest r = Request(prompt, 8);
+    r.device_cached_pages = device;
+    int in_place = -1;
+    const RunResult run = RunHere(std::move(r), {}, &in_place);
+    EXPECT_EQ(in_place, 0);
+    EXPECT_EQ(access_->copied, kCachedPages);
+    EXPECT_EQ(run.cached_tokens, kCachedPages * 64);
+    EXPECT_EQ(run.tokens, scratch.tokens);
+  }
+  if (GetParam() == KvCacheFormat::kBf16) return;
+  {  // A history page that changed in the pool: a miss, the whole prompt computed.
+    MakeWithHostPages();
+    pool_[device[2].bytes - pool_.data() + 4096] ^= 0x40;
+    GenerationRequest r = Request(prompt, 8);
+    r.device_cached_pages = device;
+    r.in_place_hold = std::make_shared<int>(0);
+    int in_place = -1;
+    const RunResult run = RunHere(std::move(r), {}, &in_place);
+    EXPECT_EQ(in_place, 0);
+    EXPECT_EQ(run.cached_tokens, 0);
+    EXPECT_EQ(run.tokens, scratch.tokens);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, InPlaceTest,
+                         ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2),
+                         [](const auto& info) {
+                           return std::string(KvCacheFormatName(info.param)) == "bf16" ? "Bf16"
+                                                                                       : "Int2";
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Formats, PageExchangeTest,
                          ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2),
