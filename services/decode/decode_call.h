@@ -37,6 +37,7 @@ struct DecodeService::Call {
   int generated = 0;
   int cached_tokens = 0;  // as the engine's events report it
   int recent_window_from_int2_pages = 0;
+  int in_place_pages = 0;           // cached pages the engine reads in a same-GPU store's pool
   int64_t prompt_pages_shared = 0;  // prompt pages published right after prefill
   absl::Time first_token = absl::InfiniteFuture();
   absl::Time last_token = absl::InfinitePast();

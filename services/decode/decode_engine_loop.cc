@@ -66,6 +66,7 @@ void DecodeService::EngineLoop() {
           fallback.cached_pages.clear();
           fallback.device_cached_pages.clear();
           fallback.cached_pages_owner.reset();  // let go with the refused request
+          fallback.in_place_hold.reset();
         }
         id = engine_->Submit(std::move(s.request));
         if (!id.ok() && had_cache && id.status().code() == absl::StatusCode::kInvalidArgument) {

@@ -206,6 +206,7 @@ void DecodeService::TakeCachedPrefix(Call& call, const std::function<bool()>& ca
   for (std::string& page : fetched.pages) pages.push_back(std::move(page));
   call.engine_request.device_cached_pages = std::move(fetched.device_pages);
   call.engine_request.cached_pages_owner = std::move(fetched.device_pages_owner);
+  call.engine_request.in_place_hold = std::move(fetched.in_place_hold);
   call.kvstore_lease = std::move(fetched.lease);
   call.fetch_time = absl::Now() - fetch_start;
 }

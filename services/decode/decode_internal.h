@@ -59,9 +59,14 @@ class DecodeMetrics {
         kvstore_transfers(r->AddCounter(
             "kvstrata_decode_kvstore_transfers_total",
             "Cached prefixes taken from a kvstore, by transport: grpc_stream (Fetch) or "
-            "same_gpu_pool (the store's HBM pool on this worker's GPU, copied GPU to GPU) or "
+            "same_gpu_pool (the store's HBM pool on this worker's GPU: read in place or copied "
+            "GPU to GPU) or "
             "nccl (from a store on another GPU).",
             {"transport"})),
+        prefix_pages_in_place(r->AddCounter(
+            "kvstrata_decode_prefix_pages_read_in_place_total",
+            "Cached prefix pages the engine read where they lie in the HBM pool of a kvstore on "
+            "this worker's GPU, for the whole request (not copied; --same_gpu_pages=in_place).")),
         ttft(r->AddHistogram("kvstrata_decode_time_to_first_token_seconds",
                              "RPC accepted until the first token was sent.",
                              LatencyBucketsSeconds())),
@@ -137,9 +142,9 @@ class DecodeMetrics {
             "kvstrata_decode_nccl_transfer_failures_total",
             "NCCL transfers that failed or missed their deadline (a miss; the communicator is "
             "aborted and made again).")),
-        nccl_digest_failures(r->AddCounter(
-            "kvstrata_decode_nccl_digest_failures_total",
-            "NCCL transfers with a page whose digest differed on arrival (a miss).")),
+        nccl_digest_failures(
+            r->AddCounter("kvstrata_decode_nccl_digest_failures_total",
+                          "NCCL transfers with a page whose digest differed on arrival (a miss).")),
         nccl_aborts(r->AddCounter("kvstrata_decode_nccl_aborts_total",
                                   "NCCL communicators aborted (ncclCommAbort).")),
         nccl_busy(r->AddCounter(
@@ -161,6 +166,7 @@ class DecodeMetrics {
   Family<Counter>& generated_tokens;
   Family<Counter>& kvstore_errors;
   Family<Counter>& kvstore_transfers;
+  Family<Counter>& prefix_pages_in_place;
   Family<Histogram>& ttft;
   Family<Histogram>& inter_token;
   Family<Histogram>& e2e;

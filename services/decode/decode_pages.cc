@@ -104,12 +104,21 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
     const std::span<const PageKey> run = std::span<const PageKey>(keys).subspan(skip, refs.size());
     v1::Transport used = v1::TRANSPORT_UNSPECIFIED;
     bool miss = false;
-    std::optional<std::vector<engine::DevicePage>> device = OpenSameGpuTransfer(
-        client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
-        static_cast<int64_t>(skip), lease_id, deadline, lane.get(), &used, &miss);
+    std::shared_ptr<void> in_place_mapping;
+    std::optional<std::vector<engine::DevicePage>> device =
+        OpenSameGpuTransfer(client, request_id, run, skip == 0 ? namespace_key : keys[skip - 1],
+                            static_cast<int64_t>(skip), lease_id, deadline, lane.get(), &used,
+                            &miss, &in_place_mapping);
     if (nccl_ != nullptr) SyncNcclMetrics();
     if (device) {
       out.device_pages = *std::move(device);
+      if (in_place_mapping != nullptr) {
+        // The engine may read these pages where they lie until the sequence ends: it keeps the
+        // lease (held by this worker's pool connection) and the pool's mapping until then.
+        out.in_place_hold =
+            std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+                lease, std::move(in_place_mapping));
+      }
       out.lease = std::move(lease);
       if (used == v1::TRANSPORT_NCCL) {
         // The pages lie in the lane's receive slab: the engine lets go of the lane once it has
@@ -151,17 +160,18 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
 std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfer(
     kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
     const PageKey& first_parent, int64_t first_index, uint64_t lease_id, absl::Time deadline,
-    NcclPeers::Lane* lane, v1::Transport* used, bool* miss) {
+    NcclPeers::Lane* lane, v1::Transport* used, bool* miss,
+    std::shared_ptr<void>* in_place_mapping) {
   if (lease_id == 0) return std::nullopt;
   v1::OpenTransferRequest request;
   request.set_client_id(options_.worker_id);
   request.set_compact(true);
-  same_gpu_->Describe(&request);
+  same_gpu_->Describe(&request, client->address());
   if (lane != nullptr) nccl_->Offer(*lane, &request);
   request.set_lease_id(lease_id);
   bool every_key = false;
   absl::StatusOr<v1::OpenTransferResponse> answer =
-      OpenTransferOfChain(*client, std::move(request), keys, first_parent, &every_key);
+      OpenTransferOfChain(*client, request, keys, first_parent, &every_key);
   if (every_key) {
     // A store older than the chain form: it works, at the cost of sending every key.
     metrics_->kvstore_chain_fallbacks.Get().Increment();
@@ -203,19 +213,32 @@ std::optional<std::vector<engine::DevicePage>> DecodeService::OpenSameGpuTransfe
   }
   if (lane != nullptr) nccl_->NotChosen(*lane, *answer);
   if (answer->transport() != v1::TRANSPORT_SAME_GPU_POOL) return std::nullopt;
-  absl::StatusOr<std::vector<engine::DevicePage>> pages =
-      same_gpu_->Pages(*answer, keys, first_parent, first_index);
-  if (!pages.ok()) {
+  absl::StatusOr<SameGpuPools::Placed> placed =
+      same_gpu_->Pages(*answer, keys, first_parent, first_index, client->address());
+  if (!placed.ok()) {
     metrics_->kvstore_errors.With({"transfer"}).Increment();
     fprintf(stderr, "kvstrata-decode: request %s: same-GPU pool of kvstore %s: %s (using Fetch)\n",
-            request_id.c_str(), client->address().c_str(), pages.status().ToString().c_str());
+            request_id.c_str(), client->address().c_str(), placed.status().ToString().c_str());
     return std::nullopt;
   }
+  bool held = answer->lease_held();
+  if (!held && options_.same_gpu_in_place && placed->holder != 0 && request.pool_holder() == 0) {
+    // The pool was mapped by this very answer: ask again with its holder, so that these pages,
+    // which the lease keeps where they are, can be read in place too (the store only re-pins).
+    request.set_pool_holder(placed->holder);
+    request.set_lease_id(answer->lease_id());
+    absl::StatusOr<v1::OpenTransferResponse> again =
+        OpenTransferOfChain(*client, request, keys, first_parent, &every_key);
+    held = again.ok() && again->transport() == v1::TRANSPORT_SAME_GPU_POOL && again->lease_held();
+  }
+  if (held && options_.same_gpu_in_place && in_place_mapping != nullptr) {
+    *in_place_mapping = placed->mapping;
+  }
   size_t bytes = 0;
-  for (const engine::DevicePage& p : *pages) bytes += static_cast<size_t>(p.byte_length);
+  for (const engine::DevicePage& p : placed->pages) bytes += static_cast<size_t>(p.byte_length);
   metrics_->kvstore_fetched_bytes.Get().Increment(static_cast<double>(bytes));
   if (bytes > 0) metrics_->kvstore_fetch_bytes.Get().Observe(static_cast<double>(bytes));
-  return *std::move(pages);
+  return std::move(placed->pages);
 }
 
 void DecodeService::SyncNcclMetrics() {

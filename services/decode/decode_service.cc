@@ -121,8 +121,14 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
     // trusts the store on this GPU (same_gpu_with_page_macs).
     const bool macs = options_.kvstore_client.page_mac_keys != nullptr;
     const bool same_gpu_off = macs && !options_.same_gpu_with_page_macs;
+    engine::DevicePageAccess* access = engine_->backend().device_page_access();
+    SameGpuPools::MapShared map;
+    if (access != nullptr) {
+      map = [access](int fd, int64_t bytes) { return access->MapShared(fd, bytes); };
+    }
     same_gpu_ = std::make_unique<SameGpuPools>(same_gpu_off ? -1 : options_.same_gpu_device,
-                                               engine_->cache().int2_encoding());
+                                               engine_->cache().int2_encoding(), std::move(map),
+                                               /*hold=*/options_.same_gpu_in_place);
     if (options_.nccl_runtime != nullptr && options_.nccl_device >= 0 && !macs) {
       std::string uuid = options_.nccl_gpu_uuid;
 #ifdef KVSTRATA_HAVE_CUDA

@@ -61,6 +61,10 @@ struct DecodeServiceOptions {
   // trusting the kvstore on this GPU (one that shares this host and a socket folder with the
   // worker: in Kubernetes, the one in the worker's pod); pages by gRPC are MAC-checked still.
   bool same_gpu_with_page_macs = false;
+  // Same-GPU prefixes: INT2 history pages read where they lie in the store's pool for the whole
+  // request (the lease held by the worker's pool connection), else copied into the engine's
+  // own cache (--same_gpu_pages).
+  bool same_gpu_in_place = true;
   // TRANSPORT_NCCL to kvstores on other GPUs: the runtime (borrowed; transport::SystemNccl(),
   // or a fake in tests) and this worker's GPU; null or -1: not offered. Off with page MACs,
   // like the same-GPU transport (digests, not MACs, check its pages).
@@ -196,6 +200,9 @@ class DecodeService final : public GenerationService {
     // NCCL: the lane whose receive slab device_pages lie in, for the engine to let go of once
     // it has copied them into the sequence's slots (GenerationRequest::cached_pages_owner).
     std::shared_ptr<void> device_pages_owner;
+    // Same-GPU pool pages the engine may read in place (GenerationRequest::in_place_hold): the
+    // lease, held by this worker's pool connection, and the pool's mapping.
+    std::shared_ptr<void> in_place_hold;
     size_t size() const { return pages.size() + device_pages.size(); }
   };
   // `deadline` is the request's: no wait for the bytes goes past it.
@@ -209,10 +216,13 @@ class DecodeService final : public GenerationService {
   // `used` tells which transport the pages came by; an NCCL transfer that fails, or whose bytes
   // are not in by `deadline` (the request's) or the worker's --nccl_receive_timeout_ms, sets
   // *miss (the caller then fetches nothing: the prefix is computed).
+  // A same-GPU answer whose lease the store holds by this worker's pool connection leaves its
+  // pool's mapping in *in_place_mapping (for GenerationRequest::in_place_hold).
   std::optional<std::vector<engine::DevicePage>> OpenSameGpuTransfer(
       kvstore::KvStoreClient* client, const std::string& request_id, std::span<const PageKey> keys,
       const PageKey& first_parent, int64_t first_index, uint64_t lease_id, absl::Time deadline,
-      NcclPeers::Lane* lane = nullptr, v1::Transport* used = nullptr, bool* miss = nullptr);
+      NcclPeers::Lane* lane = nullptr, v1::Transport* used = nullptr, bool* miss = nullptr,
+      std::shared_ptr<void>* in_place_mapping = nullptr);
   // Copies NcclPeers' totals into the kvstrata_decode_nccl_* counters.
   void SyncNcclMetrics();
   // Puts a finished sequence's pages (primary forms) into the local tier.

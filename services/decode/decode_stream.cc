@@ -85,6 +85,7 @@ grpc::Status DecodeService::Stream(grpc::ServerContext* context, Call& call,
     for (engine::GenerationEvent& e : events) {
       call.cached_tokens = e.cached_tokens;
       call.recent_window_from_int2_pages = e.recent_window_from_int2_pages;
+      call.in_place_pages = e.in_place_pages;
       if (e.token >= 0) {
         const absl::Time now = absl::Now();
         if (call.first_token == absl::InfiniteFuture()) {
@@ -228,6 +229,7 @@ void DecodeService::CountFinished(const Call& call, v1::FinishReason reason) {
   metrics_->prompt_tokens.With({"kvstore"}).Increment(call.cached_tokens - cached_local);
   metrics_->prompt_tokens.With({"none"}).Increment(call.prompt_tokens - call.cached_tokens);
   metrics_->generated_tokens.Get().Increment(call.generated);
+  metrics_->prefix_pages_in_place.Get().Increment(call.in_place_pages);
   prefilled_tokens_.fetch_add(std::max(0, call.prompt_tokens - call.cached_tokens));
   metrics_->e2e.Get().Observe(absl::ToDoubleSeconds(absl::Now() - call.start));
 }

@@ -53,6 +53,12 @@ ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
 ABSL_FLAG(bool, same_gpu_transport, true,
           "With --device cuda: ask kvstores for the same-GPU transport (a GPU kvstore on this "
           "GPU hands over its HBM pool; pages are copied GPU to GPU instead of by gRPC).");
+ABSL_FLAG(std::string, same_gpu_pages, "in_place",
+          "With --same_gpu_transport: what the worker does with a prefix in the HBM pool of a "
+          "kvstore on this GPU. in_place: its INT2 history pages are read where they lie, for "
+          "the whole request (no copy, no cache room taken; the store holds their lease for as "
+          "long as this worker's pool connection is open); copy: every page is copied into the "
+          "worker's own cache by one gather kernel, as are pages in_place cannot reach.");
 ABSL_FLAG(bool, nccl_transport, true,
           "With --device cuda: take cached prefixes from GPU kvstores on other GPUs over NCCL "
           "(a communicator per kvstore, made in the background). Needs libnccl.so.2 on the "
@@ -162,6 +168,12 @@ absl::StatusOr<DecodeConfig> ConfigFromFlags() {
     config.service.same_gpu_device = device->index;
   }
   config.service.same_gpu_with_page_macs = absl::GetFlag(FLAGS_same_gpu_with_page_macs);
+  const std::string same_gpu_pages = absl::GetFlag(FLAGS_same_gpu_pages);
+  if (same_gpu_pages != "in_place" && same_gpu_pages != "copy") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--same_gpu_pages=", same_gpu_pages, ": must be in_place or copy"));
+  }
+  config.service.same_gpu_in_place = same_gpu_pages == "in_place";
   const uint32_t nccl_mb = absl::GetFlag(FLAGS_nccl_receive_mb);
   if (nccl_mb == 0 || nccl_mb > (1u << 20)) {
     return absl::InvalidArgumentError(
