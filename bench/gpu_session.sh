@@ -153,9 +153,11 @@ case $step in
     ;;
   transport)
     # The same-GPU transport: its benchmark (fetch times beside gRPC, with its own checks), then
-    # a cluster whose kvstore keeps pages in an HBM pool on the GPU both workers use: a prompt
-    # computed on decode-0 is answered again by decode-1 from the store's pool, and must give the
-    # same greedy text; then the store is killed and decode-1 still answers (a miss).
+    # a cluster whose kvstore keeps pages in an HBM pool on the GPU both workers use, decode-0
+    # copying pool pages (--same_gpu_pages=copy) and decode-1 reading them in place (the
+    # default). A prompt computed on one worker is answered again by the other from the store's
+    # pool, by each path, with the same greedy text; then the store is killed while decode-1
+    # decodes from pages in its pool, and the answer still comes, the same as computed.
     source "$work/device/env.sh"
     join_model || exit 1
     status=0
@@ -166,37 +168,59 @@ case $step in
     echo "== a cluster with the kvstore on the GPU"
     export KVSTRATA_CLUSTER_DIR=$work/cluster-t BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
       KVSTRATA_KVSTORE_DEVICE=cuda KVSTRATA_CLUSTER_ROUTER=0 \
+      KVSTRATA_DECODE0_ARGS=--same_gpu_pages=copy \
       KVSTRATA_DECODE0_PORT=58171 KVSTRATA_DECODE0_METRICS_PORT=59571 KVSTRATA_DECODE1_PORT=58172 \
       KVSTRATA_DECODE1_METRICS_PORT=59572 KVSTRATA_KVSTORE_PORT=58161 \
       KVSTRATA_KVSTORE_METRICS_PORT=59561
     scripts/cluster.sh up >"$out/cluster_transport.log" 2>&1 || { tail -20 "$out/cluster_transport.log"; exit 1; }
     grep -h "serving kvstrata.v1.KvStore" "$work"/cluster-t/kvstore.log | tee -a "$out/transport_e2e.log"
-    prompt="$(head -c 6000 README.md) Summarise the text above in one sentence."
-    for w in 0 1; do
-      kvstrata request --target=127.0.0.1:5817$((w + 1)) --prompt="$prompt" --max_tokens=32 \
-        --temperature=0 >"$out/answer$w.txt" 2>"$out/usage$w.txt" || status=1
-      cat "$out/usage$w.txt" | tee -a "$out/transport_e2e.log"
-      sleep 2  # decode-0 publishes its pages to the kvstore in the background
-    done
-    if cmp -s "$out/answer0.txt" "$out/answer1.txt"; then
-      echo "same greedy text on decode-1 (pages from the kvstore's pool) as on decode-0 (computed)" |
+    log() { echo "$*" | tee -a "$out/transport_e2e.log"; }
+    # ask WORKER NAME PROMPT MAX_TOKENS: the greedy answer in $out/NAME.txt, usage in NAME.usage.
+    ask() {
+      kvstrata request --target=127.0.0.1:5817$(($1 + 1)) --prompt="$3" --max_tokens="$4" \
+        --temperature=0 >"$out/$2.txt" 2>"$out/$2.usage" || status=1
+      tee -a "$out/transport_e2e.log" <"$out/$2.usage"
+    }
+    same() {  # A B WHAT
+      if cmp -s "$out/$1.txt" "$out/$2.txt"; then log "same greedy text: $3"; else
+        log "DIFFERENT greedy text: $3"; diff "$out/$1.txt" "$out/$2.txt" | head; status=1; fi
+      grep -q "cached_kvstore=[1-9]" "$out/$2.usage" || { log "$2 took nothing from the kvstore"; status=1; }
+    }
+    metric() { curl -s "http://127.0.0.1:$1/metrics" | grep -E "^$2" | awk '{s += $2} END {print s + 0}'; }
+    a="$(head -c 6000 README.md) Summarise the text above in one sentence."
+    b="$(head -c 6000 docs/architecture.md) Summarise the text above in one sentence."
+    c="$(tail -c 6000 docs/kvstore.md) Now write the numbers from 1 to 400, separated by commas: 1, 2, 3,"
+    ask 0 a-computed "$a" 32; sleep 2  # decode-0 publishes its pages in the background
+    ask 1 a-in-place "$a" 32
+    same a-computed a-in-place "decode-1 read the prefix in place from the kvstore's pool"
+    ask 1 b-computed "$b" 32; sleep 2
+    ask 0 b-copied "$b" 32
+    same b-computed b-copied "decode-0 copied the prefix from the kvstore's pool"
+    in_place=$(metric 59572 kvstrata_decode_prefix_pages_read_in_place_total)
+    copied_in_place=$(metric 59571 kvstrata_decode_prefix_pages_read_in_place_total)
+    log "pages read in place: decode-1 $in_place, decode-0 (copy) $copied_in_place"
+    [[ $in_place -gt 0 && $copied_in_place -eq 0 ]] || { log "in-place counts are wrong"; status=1; }
+    for w in 59571 59572; do
+      curl -s http://127.0.0.1:$w/metrics | grep -E "^kvstrata_decode_kvstore_(transfers|errors)_total" |
         tee -a "$out/transport_e2e.log"
-    else
-      echo "DIFFERENT greedy text:" | tee -a "$out/transport_e2e.log"; diff "$out/answer0.txt" "$out/answer1.txt" | head; status=1
-    fi
-    grep -q "cached_kvstore=[1-9]" "$out/usage1.txt" || { echo "decode-1 took nothing from the kvstore"; status=1; }
-    curl -s http://127.0.0.1:59572/metrics | grep -E "^kvstrata_decode_kvstore_(transfers|errors)_total" |
+    done
+    curl -s http://127.0.0.1:59561/metrics |
+      grep -E "^kvstrata_kvstore_(transfers_total|tier_|held_leases|pool_holders|active_leases)" |
       tee -a "$out/transport_e2e.log"
-    curl -s http://127.0.0.1:59561/metrics | grep -E "^kvstrata_kvstore_(transfers_total|tier_)" |
-      tee -a "$out/transport_e2e.log"
-    curl -s http://127.0.0.1:59572/metrics | grep -q 'kvstrata_decode_kvstore_transfers_total{transport="same_gpu_pool"} [1-9]' ||
-      { echo "decode-1 did not use the same-GPU pool"; status=1; }
     grep -h "mapped the kvstore pool" "$work"/cluster-t/decode-*.log | tee -a "$out/transport_e2e.log"
-    echo "== the kvstore killed: decode-1 still answers a new prompt" | tee -a "$out/transport_e2e.log"
+    log "== the kvstore killed while decode-1 decodes from pages in its pool"
+    ask 0 c-computed "$c" 400; sleep 2
+    kvstrata request --target=127.0.0.1:58172 --prompt="$c" --max_tokens=400 --temperature=0 \
+      >"$out/c-store-killed.txt" 2>"$out/c-store-killed.usage" &
+    asked=$!
+    sleep 0.3
     kill -9 "$(cat "$work/cluster-t/kvstore.pid")"
-    kvstrata request --target=127.0.0.1:58172 --prompt="$(tail -c 5000 README.md) Summarise." \
-      --max_tokens=16 --temperature=0 >/dev/null 2>"$out/usage2.txt" || status=1
-    tee -a "$out/transport_e2e.log" <"$out/usage2.txt"
+    log "kvstore killed; decode-1's request still running: $(kill -0 $asked 2>/dev/null && echo yes || echo no)"
+    wait $asked || status=1
+    tee -a "$out/transport_e2e.log" <"$out/c-store-killed.usage"
+    same c-computed c-store-killed "decode-1 finished its answer from the dead store's pool"
+    log "== decode-1 still answers a new prompt without the store"
+    ask 1 d-no-store "$(tail -c 5000 README.md) Summarise." 16
     scripts/cluster.sh down >/dev/null 2>&1
     cp "$work"/cluster-t/*.log "$out/" 2>/dev/null
     exit $status

@@ -6,8 +6,11 @@
 //   handshake  OpenTransfer: the lease, the pages moved up if needed, their pool offsets; the
 //              pages named as a chain (what workers send), and for comparison by every key
 //              (compact arrays, and page headers)
+//   held       the chain handshake naming this process's pool holder (transport/pool_socket.h):
+//              the lease a worker reading in place takes, held by its pool connection
 //   in place   the digest of every page read where it lies in the store's pool (the check a
-//              worker reading in place pays; the bytes themselves are not moved)
+//              worker reading in place pays; the bytes themselves are not moved): a worker's
+//              whole cost of a prefix read in place is `held` + `in place`
 //   gather     one kernel copying every page into this process's memory, digests checked
 //   grpc       Fetch of the same pages over gRPC into host memory (the fallback)
 //   copy       cudaMemcpy of the same bytes device to device (the device's copy bandwidth)
@@ -209,9 +212,11 @@ int Run(const std::string& self) {
   absl::StatusOr<std::pair<std::string, std::string>> gpu = engine::GpuUuidAndName(0);
   // The pages named as a chain (the last key and a count), or by every key.
   enum class Naming { kChain, kKeys };
+  uint64_t holder = 0;  // this process's pool holder, once connected
   auto open = [&](int n, v1::OpenTransferResponse* response, bool compact = true,
-                  Naming naming = Naming::kChain) {
+                  Naming naming = Naming::kChain, bool held = false) {
     v1::OpenTransferRequest request;
+    if (held) request.set_pool_holder(holder);
     request.set_compact(compact);
     request.set_client_id("bench-transport");
     request.mutable_device()->set_gpu_uuid(gpu.ok() ? gpu->first : "");
@@ -240,13 +245,17 @@ int Run(const std::string& self) {
     return 1;
   }
   const auto map_start = Clock::now();
-  absl::StatusOr<transport::PoolHandle> handle = transport::ReceivePoolHandle(first.pool().socket_path());
+  auto connected = transport::ConnectPoolHolder(first.pool().socket_path());
   const double socket_ms = Ms(Clock::now() - map_start);
-  Check(handle.ok() && handle->pool_id == first.pool().pool_id(), "pool handle received");
-  if (!handle.ok()) {
+  Check(connected.ok() && connected->first.pool_id == first.pool().pool_id(),
+        "pool handle received");
+  if (!connected.ok()) {
     kill(store_pid, SIGKILL);
     return 1;
   }
+  const transport::PoolHandle* handle = &connected->first;
+  holder = connected->second->holder();
+  Check(holder != 0, "the store holds leases by the pool connection");
   absl::StatusOr<std::unique_ptr<engine::ImportedPageMemory>> pool =
       engine::ImportedPageMemory::Import(0, handle->fd, static_cast<int64_t>(handle->pool_bytes));
   const double map_ms = Ms(Clock::now() - map_start);
@@ -323,12 +332,13 @@ int Run(const std::string& self) {
   };
 
   nlohmann::json results = nlohmann::json::array();
-  printf("\n%6s %10s %12s %12s %12s %12s %10s %10s %10s %9s %9s\n", "pages", "MB", "handshake ms",
-         "(keys) ms", "(headers) ms", "in place ms", "gather ms", "grpc ms", "copy ms",
-         "gather/copy", "grpc GB/s");
+  printf("\n%6s %10s %12s %10s %12s %12s %12s %10s %10s %10s %9s %9s\n", "pages", "MB",
+         "handshake ms", "held ms", "(keys) ms", "(headers) ms", "in place ms", "gather ms",
+         "grpc ms", "copy ms", "gather/copy", "grpc GB/s");
+  int not_held = 0;
   for (int n : lengths) {
-    std::vector<double> handshake, handshake_keys, handshake_full, in_place, gathered, grpc_ms,
-        copy_ms;
+    std::vector<double> handshake, handshake_held, handshake_keys, handshake_full, in_place,
+        gathered, grpc_ms, copy_ms;
     int bad = 0;
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
       v1::OpenTransferResponse r;
@@ -338,6 +348,15 @@ int Run(const std::string& self) {
       if (!s.ok() || r.transport() != v1::TRANSPORT_SAME_GPU_POOL || answered(r) != n) {
         Check(false, absl::StrCat("handshake for ", n, " pages: ", s.error_message()));
         break;
+      }
+      {
+        // The lease of a worker that reads the pages in place: held by its pool connection.
+        v1::OpenTransferResponse held;
+        const auto h0 = Clock::now();
+        grpc::Status hs = open(n, &held, /*compact=*/true, Naming::kChain, /*held=*/true);
+        handshake_held.push_back(Ms(Clock::now() - h0));
+        not_held += !hs.ok() || !held.lease_held();
+        if (hs.ok()) client.Release(held.lease_id()).IgnoreError();
       }
       {
         // The same handshake naming every key, answered as compact arrays and as full segments
@@ -389,9 +408,13 @@ int Run(const std::string& self) {
     Check(bad == 0 && same, absl::StrCat(n, " pages: digests match and bytes equal the published"));
     const double mb = page_bytes * n / 1e6;
     const double g = Median(gathered), c = Median(copy_ms), p = Median(grpc_ms);
-    printf("%6d %10.1f %12.3f %12.3f %12.3f %12.3f %10.3f %10.1f %10.3f %9.2f %9.2f\n", n, mb,
-           Median(handshake), Median(handshake_keys), Median(handshake_full), Median(in_place), g,
-           p, c, c / g, mb / 1e3 / (p / 1e3));
+    printf("%6d %10.1f %12.3f %10.3f %12.3f %12.3f %12.3f %10.3f %10.1f %10.3f %9.2f %9.2f\n", n,
+           mb, Median(handshake), Median(handshake_held), Median(handshake_keys),
+           Median(handshake_full), Median(in_place), g, p, c, c / g, mb / 1e3 / (p / 1e3));
+    printf(
+        "       a prefix read in place costs %.3f ms (held lease + digests), copied %.3f ms "
+        "(lease + gather)\n",
+        Median(handshake_held) + Median(in_place), Median(handshake) + g);
     printf("       gather %.0f GB/s (read + write %.0f GB/s), in-place digest %.0f GB/s, copy "
            "%.0f GB/s\n",
            mb / 1e3 / (g / 1e3), 2 * mb / 1e3 / (g / 1e3), mb / 1e3 / (Median(in_place) / 1e3),
@@ -402,6 +425,7 @@ int Run(const std::string& self) {
                        {"handshake_chain_ms", Median(handshake)},
                        {"handshake_ms", Median(handshake_keys)},
                        {"handshake_with_headers_ms", Median(handshake_full)},
+                       {"handshake_held_ms", Median(handshake_held)},
                        {"in_place_digest_ms", Median(in_place)},
                        {"gather_ms", g},
                        {"grpc_fetch_ms", p},
@@ -409,6 +433,8 @@ int Run(const std::string& self) {
                        {"rounds", handshake.size()}});
   }
 
+  Check(not_held == 0,
+        absl::StrCat("every held handshake was answered lease_held (", not_held, " were not)"));
   // A corrupted page fails its digest: gather from a copy with one byte flipped.
   {
     v1::OpenTransferResponse r;
@@ -434,6 +460,7 @@ int Run(const std::string& self) {
   // A killed store: the next handshake is UNAVAILABLE within its deadline, not a hang.
   kill(store_pid, SIGKILL);
   waitpid(store_pid, nullptr, 0);
+  Check(!connected->second->open(), "the pool connection sees the killed store");
   {
     v1::OpenTransferResponse r;
     const auto t0 = Clock::now();

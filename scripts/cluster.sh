@@ -21,6 +21,8 @@
 #   KVSTRATA_KVSTORE_MB [512]     kvstore --capacity_mb
 #   KVSTRATA_DECODE_KV_MB         each worker's --kv_cache_mb (default: the worker's own)
 #   KVSTRATA_DECODE_DEVICE [cpu]  each worker's --device (cuda, cuda:N: both workers on that GPU)
+#   KVSTRATA_DECODE0_ARGS, KVSTRATA_DECODE1_ARGS   more flags for one worker (split on spaces),
+#                                 e.g. --same_gpu_pages=copy
 #   KVSTRATA_KVSTORE_DEVICE       the kvstore's --device (cuda, cuda:N: an HBM pool on that GPU,
 #                                 the same-GPU transport for workers there); empty: host memory
 #   KVSTRATA_KVSTORE_GPU_MB [4096] the kvstore's --gpu_capacity_mb with KVSTRATA_KVSTORE_DEVICE
@@ -97,11 +99,14 @@ args_of() {
       echo "${common[@]}" "${model[@]}" --policy="${KVSTRATA_ROUTER_POLICY:-prefix-affinity}" --router_id=router-0 \
         --kvstore="$host:$kvstore_port" --http_port="$router_http" ;;
     decode-*)
-      local router=() kv_mb=()
+      local router=() kv_mb=() extra=()
       [[ $with_router != 0 ]] && router=(--router="$host:$router_port")
       [[ -n ${KVSTRATA_DECODE_KV_MB:-} ]] && kv_mb=(--kv_cache_mb="$KVSTRATA_DECODE_KV_MB")
+      local extra_var="KVSTRATA_DECODE${name#decode-}_ARGS"
+      [[ -n ${!extra_var:-} ]] && read -r -a extra <<<"${!extra_var}"
       echo "${common[@]}" "${model[@]}" --worker_id="$name" --kv_format=int2 "${kv_mb[@]}" \
-        --device="${KVSTRATA_DECODE_DEVICE:-cpu}" --kvstore="$host:$kvstore_port" "${router[@]}" ;;
+        --device="${KVSTRATA_DECODE_DEVICE:-cpu}" --kvstore="$host:$kvstore_port" "${router[@]}" \
+        "${extra[@]}" ;;
   esac
 }
 
