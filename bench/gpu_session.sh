@@ -166,16 +166,20 @@ case $step in
       tee "$out/transport_bench.log" || status=1
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     echo "== a cluster with the kvstore on the GPU"
+    # No local page tier: a prompt a worker has seen still comes from the kvstore's pool.
     export KVSTRATA_CLUSTER_DIR=$work/cluster-t BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
-      KVSTRATA_KVSTORE_DEVICE=cuda KVSTRATA_CLUSTER_ROUTER=0 \
-      KVSTRATA_DECODE0_ARGS=--same_gpu_pages=copy \
+      KVSTRATA_KVSTORE_DEVICE=cuda KVSTRATA_ROUTER_PORT=58170 KVSTRATA_ROUTER_METRICS_PORT=59570 \
+      KVSTRATA_ROUTER_HTTP_PORT=0 \
+      KVSTRATA_DECODE0_ARGS="--same_gpu_pages=copy --local_cache_mb=0" \
+      KVSTRATA_DECODE1_ARGS="--local_cache_mb=0" \
       KVSTRATA_DECODE0_PORT=58171 KVSTRATA_DECODE0_METRICS_PORT=59571 KVSTRATA_DECODE1_PORT=58172 \
       KVSTRATA_DECODE1_METRICS_PORT=59572 KVSTRATA_KVSTORE_PORT=58161 \
       KVSTRATA_KVSTORE_METRICS_PORT=59561
     scripts/cluster.sh up >"$out/cluster_transport.log" 2>&1 || { tail -20 "$out/cluster_transport.log"; exit 1; }
     grep -h "serving kvstrata.v1.KvStore" "$work"/cluster-t/kvstore.log | tee -a "$out/transport_e2e.log"
     log() { echo "$*" | tee -a "$out/transport_e2e.log"; }
-    # ask WORKER NAME PROMPT MAX_TOKENS: the greedy answer in $out/NAME.txt, usage in NAME.usage.
+    # ask WORKER NAME PROMPT MAX_TOKENS: the greedy answer in $out/NAME.txt, usage in NAME.usage
+    # (WORKER 0 or 1, or -1 for the router).
     ask() {
       kvstrata request --target=127.0.0.1:5817$(($1 + 1)) --prompt="$3" --max_tokens="$4" \
         --temperature=0 >"$out/$2.txt" 2>"$out/$2.usage" || status=1
@@ -196,6 +200,10 @@ case $step in
     ask 1 b-computed "$b" 32; sleep 2
     ask 0 b-copied "$b" 32
     same b-computed b-copied "decode-0 copied the prefix from the kvstore's pool"
+    e="$(tail -c 6000 docs/api.md) Summarise the text above in one sentence."
+    ask 0 e-computed "$e" 32; sleep 2
+    ask -1 e-routed "$e" 32
+    same e-computed e-routed "through the router, the prefix from the kvstore's pool ($(grep -o 'worker=[a-z0-9-]*' "$out/e-routed.usage"))"
     in_place=$(metric 59572 kvstrata_decode_prefix_pages_read_in_place_total)
     copied_in_place=$(metric 59571 kvstrata_decode_prefix_pages_read_in_place_total)
     log "pages read in place: decode-1 $in_place, decode-0 (copy) $copied_in_place"

@@ -153,6 +153,9 @@ DecodeService::DecodeService(std::unique_ptr<engine::Engine> engine,
                              .max_transfer_pages = static_cast<size_t>(
                                  std::max(1, max_context_ / page_tokens_)),
                              .int2_encoding = engine_->cache().int2_encoding()});
+        // A communicator with every store of the ring, made now in the background rather than
+        // when a request first finds a prefix there (a store on this GPU declines).
+        for (kvstore::KvStoreClient* client : ring_->Clients()) nccl_->Prepare(client);
       }
     }
     if (same_gpu_off && options_.same_gpu_device >= 0) {

@@ -66,15 +66,32 @@ NcclPeers::~NcclPeers() {
   }
 }
 
-std::shared_ptr<NcclPeers::Lane> NcclPeers::Acquire(kvstore::KvStoreClient* client) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return nullptr;
+NcclPeers::Peer* NcclPeers::PeerLocked(kvstore::KvStoreClient* client) {
   std::unique_ptr<Peer>& slot = peers_[client->address()];
   if (slot == nullptr) {
     slot = std::make_unique<Peer>();
     slot->address = client->address();
   }
-  Peer* peer = slot.get();
+  return slot.get();
+}
+
+void NcclPeers::StartSetupLocked(Peer* peer, kvstore::KvStoreClient* client) {
+  if (peer->comm != nullptr || peer->setting_up || absl::Now() < peer->retry_after) return;
+  if (peer->thread.joinable()) peer->thread.join();  // the last setup has ended
+  peer->setting_up = true;
+  peer->thread = std::thread([this, peer, client] { Setup(peer, client); });
+}
+
+void NcclPeers::Prepare(kvstore::KvStoreClient* client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  StartSetupLocked(PeerLocked(client), client);
+}
+
+std::shared_ptr<NcclPeers::Lane> NcclPeers::Acquire(kvstore::KvStoreClient* client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return nullptr;
+  Peer* peer = PeerLocked(client);
   if (peer->busy) {
     if (peer->comm != nullptr) ++counts_.busy;
     return nullptr;
@@ -84,11 +101,7 @@ std::shared_ptr<NcclPeers::Lane> NcclPeers::Acquire(kvstore::KvStoreClient* clie
     return std::make_shared<Lane>(this, peer);
   }
   // No communicator: make one in the background (this fetch goes another way).
-  if (!peer->setting_up && absl::Now() >= peer->retry_after) {
-    if (peer->thread.joinable()) peer->thread.join();  // the last setup has ended
-    peer->setting_up = true;
-    peer->thread = std::thread([this, peer, client] { Setup(peer, client); });
-  }
+  StartSetupLocked(peer, client);
   return nullptr;
 }
 

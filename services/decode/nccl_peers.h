@@ -1,13 +1,13 @@
 #pragma once
 
 // The decode worker's side of TRANSPORT_NCCL (docs/kvstore.md#nccl-between-gpus): one 2-rank
-// communicator per kvstore on another GPU, made in the background when the worker first meets
-// the store (OpenTransfer with nccl.setup, then a non-blocking join as rank 1 and the store's
-// warm-up) and kept; and a receive slab per store on the worker's GPU, registered with the
-// communicator, into which a fetch's pages arrive in one grouped receive, their digests checked
-// on the GPU (by a digest checker made with the slab, on a stream of its own) before they are
-// handed on. A communicator that misses a deadline or fails is
-// aborted and made again, in the background, after a pause; the fetch it failed is a miss.
+// communicator per kvstore on another GPU, made in the background when the worker starts
+// (Prepare, for every store of its ring; OpenTransfer with nccl.setup, then a non-blocking join
+// as rank 1 and the store's warm-up) and kept; and a receive slab per store on the worker's GPU,
+// registered with the communicator, into which a fetch's pages arrive in one grouped receive, their
+// digests checked on the GPU (by a digest checker made with the slab, on a stream of its own)
+// before they are handed on. A communicator that misses a deadline or fails is aborted and made
+// again, in the background, after a pause; the fetch it failed is a miss.
 //
 // One transfer per store at a time (NCCL pairs a peer's sends and receives by order, and the
 // slab holds one transfer): a Lane is that right, held from before OpenTransfer until the pages
@@ -77,6 +77,11 @@ class NcclPeers {
   // started in the background if none is under way and the last failure is old enough), or one
   // transfer already uses it. Never blocks on the network.
   std::shared_ptr<Lane> Acquire(kvstore::KvStoreClient* client);
+  // Starts making a communicator with `client`'s store in the background, if there is none and
+  // none is under way (and the last failure is old enough): what the worker does for every
+  // store of its ring at start-up, so that no request meets a store without one. A store on
+  // this GPU, or without NCCL, refuses, and is asked again only after unsupported_retry.
+  void Prepare(kvstore::KvStoreClient* client);
   // Lists TRANSPORT_NCCL (before TRANSPORT_GRPC_STREAM) with the lane's communicator and room.
   void Offer(const Lane& lane, v1::OpenTransferRequest* request) const;
   // The store answered another transport: when it said the communicator is gone
@@ -99,6 +104,9 @@ class NcclPeers {
 
  private:
   struct Peer;
+  Peer* PeerLocked(kvstore::KvStoreClient* client);
+  // Starts Setup on a thread unless one runs or the last failure is too recent. Under mu_.
+  void StartSetupLocked(Peer* peer, kvstore::KvStoreClient* client);
   void Setup(Peer* peer, kvstore::KvStoreClient* client);
   absl::Status SetupOnce(Peer* peer, kvstore::KvStoreClient* client);
   void Forget(Peer* peer, const char* why);  // with mu_ held

@@ -290,6 +290,12 @@ std::vector<std::string> KvStoreRing::Ejected() const {
   return out;
 }
 
+std::vector<KvStoreClient*> KvStoreRing::Clients() const {
+  std::vector<KvStoreClient*> out;
+  for (const auto& [address, client] : clients_) out.push_back(client.get());
+  return out;
+}
+
 KvStoreClient* KvStoreRing::ForChain(const PageKey& first_page_key) {
   const absl::Time now = absl::Now();
   for (auto& [address, h] : health_) {

@@ -162,6 +162,8 @@ class KvStoreRing {
   bool ReportResult(const std::string& address, const absl::Status& status);
   // Stores currently ejected, sorted.
   std::vector<std::string> Ejected() const;
+  // Every store's client (ejected or not), valid while the store is in the ring.
+  std::vector<KvStoreClient*> Clients() const;
 
  private:
   struct Health {

@@ -171,6 +171,28 @@ TEST_F(DecodeNcclTest, AFetchIsOneTransferOfTheWholePrefixIntoTheWorkersMemory) 
 // the whole request. So a second request to the same store, while the first still runs and
 // holds its lease, takes the lane too: both come by NCCL (no busy fallback to gRPC), and the
 // second transfer, into the same slab, leaves what the first copied out intact.
+// What a worker does for every store of its ring at start-up: the communicator is made in the
+// background before any request, so the first prefix found there already comes by NCCL.
+TEST_F(DecodeNcclTest, PreparingAStoreMakesItsCommunicatorBeforeAnyRequest) {
+  Start();
+  peers_->Prepare(client_.get());
+  peers_->Prepare(client_.get());  // one setup, however often asked
+  ASSERT_TRUE(WaitUntil([&] { return peers_->Ready(client_->address()); }));
+  std::shared_ptr<NcclPeers::Lane> lane = peers_->Acquire(client_.get());
+  ASSERT_NE(lane, nullptr) << "the first request finds a ready communicator";
+  WaitForTheStoresSide(*lane);
+  absl::StatusOr<v1::OpenTransferResponse> answer = Open(*lane);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->transport(), v1::TRANSPORT_NCCL);
+  EXPECT_TRUE(peers_
+                  ->Receive(*lane, *answer, keys_, chain_[0].meta.parent_key, /*first_index=*/0,
+                            /*request_deadline=*/absl::InfiniteFuture())
+                  .ok());
+  EXPECT_EQ(peers_->Counts().communicators_made, 1u);
+  peers_->Prepare(client_.get());  // a ready store: nothing more
+  EXPECT_EQ(peers_->Counts().communicators_made, 1u);
+}
+
 TEST_F(DecodeNcclTest, ASecondRequestTakesTheLaneOnceTheFirstCopiedItsPagesOut) {
   tier_bytes_ = 8 * 16640;  // room in the pool for both chains' leased pages
   Start();
