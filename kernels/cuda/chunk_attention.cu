@@ -73,7 +73,92 @@ __device__ void StageBf16(Tile<D>& s, const uint8_t* kblock, const uint8_t* vblo
   }
 }
 
-// INT2 blocks -> fp16 tiles, value = offset + scale · level[code] in fp32 as DecodeInt2Block.
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+  return d;
+}
+
+// The codes of a 32-bit code word (pair p at bits 2p and 16 + 2p, kv_layout.h) regrouped so that
+// pair q of half h sits at bits 2q and 8 + 2q of word h: byte 0 and byte 2 of the code word
+// (pairs 0-3), then byte 1 and byte 3 (pairs 4-7).
+__device__ __forceinline__ void SplitPairs(uint32_t w, uint32_t (&v)[2]) {
+  v[0] = Prmt(w, 0, 0x4420);
+  v[1] = Prmt(w, 0, 0x4431);
+}
+
+// The PRMT selector that picks, from a token's table {h0 | h1 << 16, h2 | h3 << 16}, half c0 into
+// the low 16 bits and half c1 into the high 16 bits, for the codes c0, c1 of pair q: each result
+// byte names a table byte (2c, 2c + 1), i.e. the selector byte 0x10 + 0x22 · c.
+__device__ __forceinline__ uint32_t HalfSelector(const uint32_t (&v)[2], int p) {
+  return ((v[p / 4] >> (2 * (p % 4))) & 0x0303u) * 0x22u + 0x1010u;
+}
+
+// INT2 blocks of one scale and offset per token (group_size == D, what the engine stores) ->
+// fp16 tiles. A token's codes stand for four values, offset + scale · level[j] in fp32 rounded
+// to fp16 exactly as DecodeInt2Block and the per-channel path below compute them: they are made
+// once per token (a table of four halves), and each pair of codes then becomes its half2 with one
+// byte permute, and one store. Tokens at or past `valid` get a table of zeros.
+template <int D>
+__device__ void StageInt2PerToken(Tile<D>& s, uint2 (*table)[kPage], const uint8_t* kblock,
+                                  const uint8_t* vblock, int valid, const Int2Levels& levels) {
+  static_assert(kThreads == 2 * kPage, "one thread per (block, token) makes the tables");
+  {
+    const int kind = threadIdx.x / kPage, tok = threadIdx.x % kPage;
+    uint2 t = make_uint2(0, 0);
+    if (tok < valid) {
+      const uint32_t params = *reinterpret_cast<const uint32_t*>(
+          (kind == 0 ? kblock : vblock) + kPage * (D / 4) + tok * 4);
+      const float scale = Fp16ToFloat(static_cast<uint16_t>(params & 0xffffu));
+      const float offset = Fp16ToFloat(static_cast<uint16_t>(params >> 16));
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = offset + scale * levels.v[j];
+      t = make_uint2(PackHalf2(v[0], v[1]), PackHalf2(v[2], v[3]));
+    }
+    table[kind][tok] = t;
+  }
+  __syncthreads();
+  constexpr int kWords = kPage * D / 16;  // 32-bit code words per block
+  const uint32_t* kw = reinterpret_cast<const uint32_t*>(kblock);
+  const uint32_t* vw = reinterpret_cast<const uint32_t*>(vblock);
+  // K: word wr of token tok's row holds channels 16 s + 8 hi + 2 t (+1) for s = 4 shi + p / 2,
+  // hi = p % 2 (KCodeBit): each pair is two adjacent channels of one token.
+  for (int wi = threadIdx.x; wi < kWords; wi += kThreads) {
+    uint32_t v[2];
+    SplitPairs(__ldg(kw + wi), v);
+    const int tok = wi / (D / 16), wr = wi % (D / 16);
+    const int t = wr / (D / 64), shi = wr % (D / 64);
+    const uint2 tb = table[0][tok];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int c0 = 16 * (4 * shi + p / 2) + 8 * (p % 2) + 2 * t;
+      *reinterpret_cast<uint32_t*>(&s.k[tok][c0]) = Prmt(tb.x, tb.y, HalfSelector(v, p));
+    }
+  }
+  // V: a word holds, for 8 channels, the codes of two adjacent tokens (VCodeBit): each pair is
+  // one channel of tokens tok0 and tok0 + 1, two adjacent halves of the transposed tile.
+  for (int wi = threadIdx.x; wi < kWords; wi += kThreads) {
+    uint32_t v[2];
+    SplitPairs(__ldg(vw + wi), v);
+    const int lane = (wi / 4) % 32, slot = (wi / 128) * 4 + wi % 4;
+    const int g = lane / 4, t = lane % 4;
+    const int half_tile = slot / (D / 64);  // 2 ks + token_half
+    const int tok0 = (half_tile / 2) * 16 + (half_tile % 2) * 8 + 2 * t;
+    const int u0 = 8 * (slot % (D / 64));
+    const uint2 t0 = table[1][tok0], t1 = table[1][tok0 + 1];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const uint32_t sel = HalfSelector(v, p);
+      const uint32_t lo = Prmt(t0.x, t0.y, sel), hi = Prmt(t1.x, t1.y, sel);
+      const int u = u0 + p, c = 16 * (u / 2) + 8 * (u % 2) + g;
+      *reinterpret_cast<uint32_t*>(&s.vt[c][tok0]) = (lo & 0xffffu) | (hi & 0xffff0000u);
+    }
+  }
+}
+
+// INT2 blocks -> fp16 tiles, value = offset + scale · level[code] in fp32 as DecodeInt2Block,
+// one element at a time: for groups smaller than a head (several scales per token).
 template <int D>
 __device__ void StageInt2(Tile<D>& s, const uint8_t* kblock, const uint8_t* vblock, int valid,
                           int group_size, const Int2Levels& levels) {
@@ -118,6 +203,7 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
   const float scale2 = p.sm_scale * kLog2e;
 
   __shared__ Tile<D> s;
+  __shared__ uint2 s_table[2][kPage];  // StageInt2PerToken's values per (K|V, token)
 
   // Q fragments (A operand, 16 rows x D), scaled so scores come out in the log2 domain.
   uint32_t qa[D / 16][4];
@@ -176,9 +262,13 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
                      base + BlockOffset(geo, PageEncoding::kBf16, p.layer, 1, kvh), valid);
       } else {
         const uint8_t* base = p.int2_pool + int64_t{slot} * p.int2_stride;
-        StageInt2<D>(s, base + BlockOffset(geo, p.int2_encoding, p.layer, 0, kvh),
-                     base + BlockOffset(geo, p.int2_encoding, p.layer, 1, kvh), valid,
-                     geo.group_size, levels);
+        const uint8_t* kblock = base + BlockOffset(geo, p.int2_encoding, p.layer, 0, kvh);
+        const uint8_t* vblock = base + BlockOffset(geo, p.int2_encoding, p.layer, 1, kvh);
+        if (geo.group_size == D) {
+          StageInt2PerToken<D>(s, s_table, kblock, vblock, valid, levels);
+        } else {
+          StageInt2<D>(s, kblock, vblock, valid, geo.group_size, levels);
+        }
       }
       __syncthreads();
       const int w0 = tq0 + warp * 16;

@@ -74,11 +74,13 @@ T* Copy(const T* host, size_t n) {
   return d;
 }
 
-void RunCase(KvCacheFormat format, int d, int group, Case c) {
+// `group_size`: INT2 channels per scale and offset (0: the head, what the engine stores; the
+// kernel stages such pages through per-token tables, smaller groups one element at a time).
+void RunCase(KvCacheFormat format, int d, int group, Case c, int group_size = 0) {
   SCOPED_TRACE(absl::StrCat(engine::KvCacheFormatName(format), " d=", d, " group=", group,
-                            " pos0=", c.pos0, " n=", c.n));
-  const KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = d, .group_size = d,
-                     .page_tokens = 64};
+                            " pos0=", c.pos0, " n=", c.n, " group_size=", group_size));
+  const KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = d,
+                     .group_size = group_size > 0 ? group_size : d, .page_tokens = 64};
   engine::KvCacheOptions o;
   o.format = format;
   o.capacity_bytes = int64_t{96} << 20;
@@ -184,6 +186,10 @@ TEST(ChunkAttentionGpu, MatchesTheCpuSplitSemantics) {
     for (int d : {64, 128}) {
       for (int group : {1, 3, 8}) {
         for (const Case& c : cases) RunCase(f, d, group, c);
+      }
+      // Two scales per token: the element-wise staging.
+      if (f != KvCacheFormat::kBf16) {
+        for (const Case& c : {cases[1], cases[5]}) RunCase(f, d, 3, c, d / 2);
       }
     }
   }
