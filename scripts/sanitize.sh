@@ -50,7 +50,8 @@ for kind in "${kinds[@]}"; do
       tests=(router_service_test router_contract_test router_policy_test kvstore_service_test
              kvstore_client_test kvstore_page_store_test decode_service_test
              decode_registration_test decode_local_pages_test cluster_e2e_test openai_front_test
-             security_test loadtest_client_test kvstore_nccl_transfer_test decode_nccl_test)
+             security_test loadtest_client_test kvstore_nccl_transfer_test decode_nccl_test
+             transport_pool_socket_test)
       echo "sanitize: building with TSan (build-tsan): ${tests[*]}"
       targets=()
       for t in "${tests[@]}" kvstrata-router kvstrata-decode kvstrata-kvstore; do
