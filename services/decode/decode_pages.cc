@@ -114,10 +114,13 @@ DecodeService::FetchedPrefix DecodeService::FetchCachedPrefix(const std::string&
       out.device_pages = *std::move(device);
       if (in_place_mapping != nullptr) {
         // The engine may read these pages where they lie until the sequence ends: it keeps the
-        // lease (held by this worker's pool connection) and the pool's mapping until then.
-        out.in_place_hold =
-            std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
-                lease, std::move(in_place_mapping));
+        // lease (held by this worker's pool connection) and the pool's mapping until then. The
+        // last holder may be the engine thread, which must not wait on the store's Release:
+        // that call is made on the publisher thread.
+        auto held = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+            lease, std::move(in_place_mapping));
+        out.in_place_hold = std::shared_ptr<void>(
+            held.get(), [this, held](void*) mutable { DropLater(std::move(held)); });
       }
       out.lease = std::move(lease);
       if (used == v1::TRANSPORT_NCCL) {
@@ -262,14 +265,24 @@ void DecodeService::SyncNcclMetrics() {
 void DecodeService::PublishLoop() {
   for (;;) {
     PublishJob job;
+    std::vector<std::shared_ptr<void>> drops;
     {
       std::unique_lock<std::mutex> lock(publish_mu_);
-      publish_cv_.wait(lock, [&] { return publish_stopping_ || !publishes_.empty(); });
-      if (publishes_.empty()) return;  // stopping, and nothing left to send
+      publish_cv_.wait(lock,
+                       [&] { return publish_stopping_ || !publishes_.empty() || !drops_.empty(); });
+      drops.swap(drops_);
+      if (publishes_.empty()) {
+        const bool stopping = publish_stopping_;
+        lock.unlock();
+        drops.clear();         // their kvstore calls, here
+        if (stopping) return;  // and nothing left to send
+        continue;
+      }
       job = std::move(publishes_.front());
       publishes_.pop_front();
       ++publishes_in_progress_;
     }
+    drops.clear();
     Publish(job);
     {
       std::lock_guard<std::mutex> lock(publish_mu_);
@@ -277,6 +290,18 @@ void DecodeService::PublishLoop() {
     }
     publish_cv_.notify_all();
   }
+}
+
+void DecodeService::DropLater(std::shared_ptr<void> held) {
+  {
+    std::lock_guard<std::mutex> lock(publish_mu_);
+    if (!publish_stopping_) {
+      drops_.push_back(std::move(held));
+      held = nullptr;
+    }
+  }
+  publish_cv_.notify_all();
+  held.reset();  // the publisher has stopped: here
 }
 
 void DecodeService::QueuePublish(PublishJob job) {

@@ -229,6 +229,9 @@ class DecodeService final : public GenerationService {
   void StoreLocal(const std::string& request_id, const std::vector<engine::ExportedPage>& pages);
   void Publish(const PublishJob& job);
   void QueuePublish(PublishJob job);
+  // Lets go of `held` on the publisher thread (a kvstore lease's Release, say), not on the
+  // calling one; here once the publisher has stopped.
+  void DropLater(std::shared_ptr<void> held);
   // Tells the ring how a call to a kvstore went (it ejects a node that keeps failing).
   void ReportStoreResult(const std::string& address, const absl::Status& status);
   // Takes the leading run of `keys` from the local tier; when another request on this worker is
@@ -279,6 +282,7 @@ class DecodeService final : public GenerationService {
   std::mutex publish_mu_;
   std::condition_variable publish_cv_;
   std::deque<PublishJob> publishes_;
+  std::vector<std::shared_ptr<void>> drops_;  // DropLater's, let go of on the publisher thread
 
   std::mutex prefill_mu_;
   std::condition_variable prefill_cv_;
