@@ -1,6 +1,6 @@
 // Prefill (chunk) attention over the split cache, on tensor cores (FlashAttention-2 style).
 //
-// One CTA of 4 warps per (64-query tile, query head, item); each warp owns 16 query rows. The
+// One CTA of 8 warps per (128-query tile, query head, item); each warp owns 16 query rows. The
 // CTA walks the pages its last query can see, page by page. A page is staged in shared memory
 // as fp16 K [64 tokens][d] and Vᵀ [d][64 tokens], from its BF16 copy or dequantised from its
 // INT2 copy, and each version is applied only to the queries that see it in that form (the
@@ -20,7 +20,7 @@ namespace kvstrata::kernels {
 
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTileQ = 16 * kWarps;
 constexpr int kPage = 64;
@@ -102,8 +102,8 @@ __device__ __forceinline__ uint32_t HalfSelector(const uint32_t (&v)[2], int p) 
 template <int D>
 __device__ void StageInt2PerToken(Tile<D>& s, uint2 (*table)[kPage], const uint8_t* kblock,
                                   const uint8_t* vblock, int valid, const Int2Levels& levels) {
-  static_assert(kThreads == 2 * kPage, "one thread per (block, token) makes the tables");
-  {
+  static_assert(kThreads >= 2 * kPage, "one thread per (block, token) makes the tables");
+  if (threadIdx.x < 2 * kPage) {
     const int kind = threadIdx.x / kPage, tok = threadIdx.x % kPage;
     uint2 t = make_uint2(0, 0);
     if (tok < valid) {
