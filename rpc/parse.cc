@@ -66,6 +66,27 @@ class Walker {
     return 0;
   }
 
+  // A length as the parser reads one: a varint of at most 5 bytes whose value is under 2 GiB
+  // (the stream's own ReadVarint32 accepts up to 10 bytes). False when it is not; `in` is
+  // advanced past a valid length.
+  static bool ReadLength(const uint8_t* p, int available, CodedInputStream& in,
+                         uint32_t* length) {
+    uint32_t value = 0;
+    for (int i = 0; i < 5 && i < available; ++i) {
+      const uint32_t byte = p[i];
+      if (i == 4 && byte >= 0x08) return false;
+      value |= (byte & 0x7f) << (7 * i);
+      if ((byte & 0x80) == 0) {
+        // The parser also refuses lengths within its 16 slop bytes of INT32_MAX.
+        if (value > static_cast<uint32_t>(INT32_MAX - 16)) return false;
+        in.Skip(i + 1);
+        *length = value;
+        return true;
+      }
+    }
+    return false;
+  }
+
   static bool IsLengthDelimited(const FieldDescriptor& f) {
     return f.type() == FieldDescriptor::TYPE_STRING || f.type() == FieldDescriptor::TYPE_BYTES ||
            f.type() == FieldDescriptor::TYPE_MESSAGE;
@@ -132,7 +153,10 @@ class Walker {
         }
         case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
           uint32_t length;
-          if (!in.ReadVarint32(&length)) return Fail(at, name, "truncated length");
+          if (!ReadLength(data + in.CurrentPosition(), size - in.CurrentPosition(), in,
+                          &length)) {
+            return Fail(at, name, "truncated, overlong or 2 GiB length");
+          }
           const int start = in.CurrentPosition();
           if (length > static_cast<uint32_t>(size - start)) {
             return Fail(at, name, absl::StrCat("length ", length, " runs past the end (",

@@ -79,6 +79,14 @@ TEST(ParseRequestTest, BrokenWireFormatSaysWhereItBreaks) {
   // A tag longer than 5 bytes (the stream's ReadTag would take it, dropping the high bits).
   EXPECT_THAT(Describe(std::string("\x10\x10\xf0\xe7\xef\xef\xf0\x10", 8)),
               HasSubstr("byte 2: invalid field tag"));
+  // A length longer than 5 bytes, even one whose value is 0 (the stream's ReadVarint32 takes
+  // up to 10), and a 5-byte length of 2 GiB or more.
+  const std::string overlong("\x2a\x80\x80\x80\x80\x80\x80\x00", 8);
+  EXPECT_FALSE(v1::GenerateRequest().ParseFromString(overlong));
+  EXPECT_THAT(Describe(overlong), HasSubstr("overlong"));
+  const std::string huge("\x1a\x80\x80\x80\x80\x08", 6);
+  EXPECT_FALSE(v1::GenerateRequest().ParseFromString(huge));
+  EXPECT_THAT(Describe(huge), HasSubstr("text (byte 0)"));
   // token_ids (4) { ids (1), packed: a truncated varint }
   EXPECT_THAT(Describe(std::string("\x22\x03\x0a\x01\xff", 5)), HasSubstr("token_ids.ids"));
 }
