@@ -92,6 +92,11 @@ bool ParseSide(const std::string& spec, int head_dim, SideRecipe* r, std::string
           return false;
         }
       }
+    } else if (o.size() > 1 && o[0] == 't') {
+      if (!ParseInt(o.substr(1), &r->boost_rows) || r->boost_rows < 1 || r->boost_rows > 63) {
+        *error = "bad boosted-row count \"" + o + "\" in \"" + spec + "\" (t1..t63)";
+        return false;
+      }
     } else if (o.size() > 1 && o[0] == 'a') {
       char* end = nullptr;
       r->level_multiplier = std::strtof(o.c_str() + 1, &end);
@@ -101,7 +106,7 @@ bool ParseSide(const std::string& spec, int head_dim, SideRecipe* r, std::string
       }
     } else {
       *error = "unknown option \"" + o + "\" in \"" + spec +
-               "\" (s8, eig, ls, np, pr, aFLOAT, jb[FLOAT])";
+               "\" (s8, eig, ls, np, pr, aFLOAT, jb[FLOAT], tN)";
       return false;
     }
   }
@@ -270,6 +275,15 @@ double SideRecipeBits(const SideRecipe& r, int head_dim, int group_size) {
           bits += reg.bits * reg.channels + (r.page_ratios ? 8.0 / 64 : r.scale_bits);
       }
       if (r.page_ratios) bits += r.scale_bits;
+      if (r.boost_rows > 0) {
+        // per page of 64 rows: a bit more for every coded channel below 4 bits of the boosted
+        // rows, and which rows they are (a list of 6-bit positions, or a 64-bit mask)
+        double extra = 0.0;
+        for (const CodecRegion& reg : r.regions) {
+          if (reg.bits > 0 && reg.bits < 4) extra += reg.channels;
+        }
+        bits += (r.boost_rows * extra + std::min(6 * r.boost_rows, 64)) / 64.0;
+      }
       return bits / head_dim;
     }
   }
@@ -419,22 +433,50 @@ void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideR
   for (size_t k = 0; bias && k < nr; ++k) {
     distortion[k] = LloydMaxDistortion(r.regions[k].bits, r.level_multiplier);
   }
-  for (int64_t row = 0; row < n; ++row) {
+  // Codes one row, every coded region at `extra` more bits (at most 4).
+  const auto code_row = [&](int64_t row, int extra) {
     int c0 = 0;
     for (size_t k = 0; k < nr; ++k) {
       const CodecRegion& reg = r.regions[k];
+      const int bits = reg.bits == 0 ? 0 : std::min(4, reg.bits + extra);
       // a zero page-ratio scale (an all-zero region) quantises to zero either way
       const float given = r.page_ratios ? std::max(row_scale[row] * ratio[k], 1e-30f) : 0.0f;
-      const float scale = QuantizeRegion(z.data() + row * d + c0, reg.channels, r, reg.bits, given,
+      const float scale = QuantizeRegion(z.data() + row * d + c0, reg.channels, r, bits, given,
                                          zq.data() + row * d + c0);
       if (bias) {
         // The decoder knows the scale and the bits, so it knows this much error to expect
         // (a dropped region stores no scale: no term).
+        const double dist =
+            bits == reg.bits ? distortion[k] : LloydMaxDistortion(bits, r.level_multiplier);
         bias_coef[row * kCodecBiasTerms + k] =
-            static_cast<float>(0.5 * r.logit_bias * distortion[k] * double{scale} * scale);
+            static_cast<float>(0.5 * r.logit_bias * dist * double{scale} * scale);
       }
       c0 += reg.channels;
     }
+  };
+  for (int64_t row = 0; row < n; ++row) code_row(row, 0);
+  if (r.boost_rows > 0) {
+    // The rows whose error costs most get a bit more: error energy weighted by 4^bits per
+    // region, the weight a reverse water-filling allocation implies for each region's
+    // directions (in the eigenbasis: the attention-aware eigenvalues).
+    std::vector<std::pair<double, int64_t>> cost(n);
+    for (int64_t row = 0; row < n; ++row) {
+      double e = 0.0;
+      int c0 = 0;
+      for (const CodecRegion& reg : r.regions) {
+        double sq = 0.0;
+        for (int i = 0; i < reg.channels; ++i) {
+          const double diff = double{z[row * d + c0 + i]} - zq[row * d + c0 + i];
+          sq += diff * diff;
+        }
+        e += std::ldexp(sq, 2 * reg.bits);
+        c0 += reg.channels;
+      }
+      cost[row] = {-e, row};  // largest first, ties to the lower row
+    }
+    const int64_t boosted = std::min<int64_t>(r.boost_rows, n);
+    std::partial_sort(cost.begin(), cost.begin() + boosted, cost.end());
+    for (int64_t i = 0; i < boosted; ++i) code_row(cost[i].second, 1);
   }
   if (t != nullptr) {
     ApplyRotationTransposed(zq.data(), n, d, t->data(), y);

@@ -31,6 +31,9 @@
 //               page: region scale = row scale · ratio. Replaces the per-region scales; np and
 //               ls do not apply)
 //             | "a" FLOAT (level multiplier: the levels are a·scale·L[i])
+//             | "t" N (per page of 64 rows, the N rows whose error costs most — error
+//               energy weighted by 4^bits per region — are coded again with one more bit in
+//               every coded region below 4; costs those bits and the rows' positions)
 //             | "jb" [FLOAT] (keys only: the softmax bias of the key error, undone in the
 //               scores. A Lloyd-Max reconstruction is the mean of its cell, so the key error e
 //               is zero-mean given the codes and exp(s·q·k) = exp(s·q·k̂)·E[exp(s·q·e)]
@@ -64,6 +67,7 @@ struct SideRecipe {
   bool page_ratios = false;
   float level_multiplier = 1.0f;
   float logit_bias = 0.0f;  // jb: the multiplier of the key-error logit term (0: off)
+  int boost_rows = 0;       // tN: rows per page coded with one more bit
 };
 
 struct LayerRecipe {

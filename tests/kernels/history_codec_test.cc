@@ -367,3 +367,45 @@ TEST(HistoryCodecLogitBias, PredictsTheScoreVarianceOfTheKeyError) {
 
 }  // namespace
 }  // namespace kvstrata::kernels
+
+namespace kvstrata::kernels {
+namespace {
+
+// "tN": per page, the N rows with the largest weighted error are coded one bit finer, and
+// exactly as a recipe one bit finer everywhere codes them (the page ratios are the page's).
+TEST(HistoryCodecBoostedRows, TheCostliestRowsGetOneMoreBit) {
+  const int n = 64, d = 64;
+  const SideRecipe base = Parse("4x16+3x16+2x32:eig:s8:pr|2x64").all.side[0];
+  const SideRecipe boost = Parse("4x16+3x16+2x32:eig:s8:pr:t4|2x64").all.side[0];
+  const SideRecipe finer = Parse("4x16+4x16+3x32:eig:s8:pr|2x64").all.side[0];
+  EXPECT_EQ(boost.boost_rows, 4);
+  // 4 rows of 64 get a bit on the 48 channels below 4 bits, plus four 6-bit positions.
+  EXPECT_DOUBLE_EQ(SideRecipeBits(boost, 64, 64),
+                   SideRecipeBits(base, 64, 64) + (4 * 48 + 24) / 64.0 / 64);
+  std::string error;
+  HistoryCodec c;
+  EXPECT_FALSE(ParseHistoryCodec("2x64:t0|2x64", 64, &c, &error));
+  EXPECT_FALSE(ParseHistoryCodec("2x64:t64|2x64", 64, &c, &error));
+
+  // Rows with heavy-tailed magnitudes and mismatched region energies, so some rows cost more.
+  std::vector<float> x = GaussianRows(n, d, 31);
+  std::mt19937 rng(4);
+  std::student_t_distribution<float> heavy(3.0f);
+  for (float& v : x) v *= std::fabs(heavy(rng)) + 0.3f;
+  std::vector<float> a(x.size()), b(x.size()), f(x.size());
+  FakeQuantSide(x.data(), n, d, 64, base, 1.0f, 0, a.data());
+  FakeQuantSide(x.data(), n, d, 64, boost, 1.0f, 0, b.data());
+  FakeQuantSide(x.data(), n, d, 64, finer, 1.0f, 0, f.data());
+  int changed = 0;
+  for (int t = 0; t < n; ++t) {
+    const bool same = std::equal(a.begin() + t * d, a.begin() + (t + 1) * d, b.begin() + t * d);
+    if (same) continue;
+    ++changed;
+    for (int i = 0; i < d; ++i) ASSERT_EQ(b[t * d + i], f[t * d + i]) << t << " " << i;
+  }
+  EXPECT_EQ(changed, 4);
+  EXPECT_LT(RelMse(x, b), 0.95 * RelMse(x, a));
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels
