@@ -278,9 +278,23 @@ absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
       f.rotations = f.rotations_path.empty()
                         ? "identity"
                         : f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
+      if (f.codec.empty() && !f.rotations_path.empty()) {
+        // label=codec:@FILE: the codec the rotation file carries (docs/rotation-file.md).
+        absl::StatusOr<engine::RotationFileInfo> info =
+            engine::ReadRotationFileInfo(f.rotations_path);
+        if (!info.ok()) {
+          return absl::Status(info.status().code(),
+                              absl::StrCat("format ", f.name, ": ", info.status().message()));
+        }
+        if (info->history_codec.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("format ", f.name, ": ", f.rotations_path, " carries no history_codec"));
+        }
+        f.codec = info->history_codec;
+      }
       if (f.name.empty() || f.codec.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("format \"", name, "\" is not label=codec:SPEC[@FILE]"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "format \"", name, "\" is not label=codec:SPEC[@FILE] or label=codec:@FILE"));
       }
       return f;
     }

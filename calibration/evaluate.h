@@ -65,6 +65,7 @@ struct EvalRotationFiles {
 //                                        Lloyd-Max levels)
 //   label=codec:SPEC[@FILE]              a candidate history codec (kernels/history_codec.h)
 //                                        on the rows as FILE rotates them (identity without)
+//   label=codec:@FILE                    the codec FILE carries (its history_codec field)
 // and any split format with "-nowin" appended: no sink, a 1-token recent window (only the
 // current, partly filled page stays BF16). InvalidArgument naming the format, or the flag of
 // the missing rotation file.

@@ -14,6 +14,7 @@
 #include "calibration/evaluate.h"
 #include "calibration/fidelity_engine.h"
 #include "engine/kv_cache.h"
+#include "engine/rotations.h"
 #include "kernels/bits.h"
 #include "model/tiny_model.h"
 #include "tests/model/model_test_util.h"
@@ -343,6 +344,26 @@ TEST(Fidelity, UnknownFormatsAndMissingFilesNameWhatIsWrong) {
   ASSERT_TRUE(nowin.ok());
   EXPECT_EQ(nowin->layout.sink_tokens, 0);
   EXPECT_EQ(nowin->layout.recent_tokens, 1);
+}
+
+// label=codec:@FILE reads the codec a rotation file carries (docs/rotation-file.md).
+TEST(Fidelity, ACodecCanComeFromTheRotationFile) {
+  Fixture fx;
+  ASSERT_NO_FATAL_FAILURE(fx.Calibrate());
+  absl::StatusOr<EvalFormat> none = ResolveEvalFormat("c=codec:@" + fx.oscar_path, {});
+  EXPECT_THAT(none.status().message(), ::testing::HasSubstr("carries no history_codec"));
+  absl::StatusOr<engine::RotationSet> r =
+      engine::ReadRotationFile(fx.oscar_path, 2, 2, 64, fx.model->fingerprint);
+  ASSERT_TRUE(r.ok()) << r.status();
+  engine::RotationFileInfo info = r->info;
+  info.history_codec = "3x32+2x32:eig:s8:pr|2x32+1x32:eig:s8:pr;1=4x64|2x64";
+  const std::string with = fx.scratch.File("with-codec.safetensors");
+  ASSERT_TRUE(engine::WriteRotationFile(with, *r, info).ok());
+  absl::StatusOr<EvalFormat> f = ResolveEvalFormat("c=codec:@" + with, {});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->format, KvCacheFormat::kEvalCodec);
+  EXPECT_EQ(f->codec, info.history_codec);
+  EXPECT_EQ(f->rotations_path, with);
 }
 
 TEST(BitsPerElement, SplitFormatsCountWindowsAndHeaders) {

@@ -17,7 +17,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "calibration/evaluate.h"
 #include "calibration/layer_ranking.h"
 #include "calibration/text_corpus.h"
+#include "engine/rotations.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/kvstrata/commands.h"
 #include "tools/kvstrata/engine_flags.h"
@@ -73,7 +76,24 @@ ABSL_FLAG(std::string, rank_tiers, "",
           "--layer-sensitivity: N=RECIPE(;N=RECIPE)*, consecutive stretches of the ranking from "
           "the most sensitive layer down (RECIPE K|V, or base), in the ranking of the first "
           "--formats entry at the first --contexts entry; prints the codec spec");
-ABSL_FLAG(std::string, spec_out, "", "--rank-tiers: also write the codec spec to this file");
+ABSL_FLAG(std::string, spec_out, "",
+          "--rank-tiers or --allocate-bits: also write the codec spec to this file");
+ABSL_FLAG(double, allocate_bits, 0.0,
+          "--layer-sensitivity --rank-by next-token-kl: instead of --rank-tiers, give every "
+          "layer's keys (and, with --value-sensitivity-from, values) the rung of "
+          "--key-ladder (--value-ladder) that minimises the predicted KL within this many "
+          "history bits per element (calibration/layer_ranking.h, AllocateBits); the measured "
+          "format is the keys' sensitivity under --tier-base");
+ABSL_FLAG(std::string, key_ladder, "",
+          "--allocate-bits: ;-separated key recipes besides --tier-base's own");
+ABSL_FLAG(std::string, value_ladder, "",
+          "--allocate-bits: ;-separated value recipes besides --tier-base's own");
+ABSL_FLAG(std::string, value_sensitivity_from, "",
+          "--allocate-bits: the values' per-layer next-token KL, an earlier --layer-sensitivity "
+          "--rank-by next-token-kl --json report (of a bf16|VALUES codec)");
+ABSL_FLAG(std::string, rotations_out, "",
+          "--rank-tiers or --allocate-bits: write a copy of --rotations that carries the codec "
+          "spec (its history_codec field, docs/rotation-file.md) and how it was chosen");
 ABSL_FLAG(std::string, sensitivity_from, "",
           "--layer-sensitivity: rank from this earlier --layer-sensitivity --json report instead "
           "of measuring again (give the --rank-by it was measured for)");
@@ -147,6 +167,39 @@ absl::StatusOr<calibration::EvalReport> MeasureFormats(
   });
 }
 
+// The per-layer next-token KL of a --layer-sensitivity --rank-by next-token-kl report.
+absl::StatusOr<std::vector<double>> ReadNextTokenSensitivity(const std::string& path,
+                                                             int num_layers) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
+  absl::StatusOr<calibration::EvalReport> r = calibration::ParseEvalReportJson(text.str());
+  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", r.status().message()));
+  if (r->options.attention_only || static_cast<int>(r->results.size()) != num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a next-token-KL sensitivity with one result per layer"));
+  }
+  std::vector<double> out;
+  for (const calibration::EvalResult& e : r->results) out.push_back(e.kl_mean);
+  return out;
+}
+
+// A copy of the rotation file at `from` whose metadata carries the chosen codec.
+absl::Status WriteRotationsWithCodec(const std::string& from, const std::string& to,
+                                     const model::LoadedModel& model, const std::string& spec,
+                                     const std::string& source) {
+  if (from.empty()) return absl::InvalidArgumentError("--rotations-out needs --rotations");
+  absl::StatusOr<engine::RotationSet> r =
+      engine::ReadRotationFile(from, model.config.num_layers, model.config.num_kv_heads,
+                               model.config.head_dim, model.fingerprint);
+  if (!r.ok()) return r.status();
+  engine::RotationFileInfo info = r->info;
+  info.history_codec = spec;
+  info.history_codec_source = source;
+  return engine::WriteRotationFile(to, *r, info);
+}
+
 int RunEval() {
   calibration::EvalOptions options;
   options.contexts.clear();
@@ -208,6 +261,25 @@ int RunEval() {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--rank-tiers: ", t.status().message())));
     tiers = std::move(*t);
   }
+
+  const double allocate_bits = absl::GetFlag(FLAGS_allocate_bits);
+  if (allocate_bits != 0.0) {
+    if (!per_layer_forward || absl::GetFlag(FLAGS_tier_base).empty() || !tiers.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--allocate-bits needs --layer-sensitivity --rank-by next-token-kl and --tier-base, "
+          "and replaces --rank-tiers"));
+    }
+    if (!(allocate_bits > 0.0 && allocate_bits <= 16.0)) {
+      return Fail(absl::InvalidArgumentError("--allocate-bits must be in (0, 16]"));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_rotations_out).empty() && tiers.empty() && allocate_bits == 0.0) {
+    return Fail(
+        absl::InvalidArgumentError("--rotations-out needs --rank-tiers or --allocate-bits"));
+  }
+  // The text set a sensitivity was measured on, by name (the calibration set by default).
+  const std::string sensitivity_text =
+      std::filesystem::path(TextDirFromFlag("calibration")).filename().string();
 
   calibration::EvalRotationFiles files;
   files.per_head = absl::GetFlag(FLAGS_rotations);
@@ -304,19 +376,68 @@ int RunEval() {
         std::printf("\n");
       }
     }
+    std::string spec;
+    nlohmann::json source;  // how the spec was chosen, for the rotation file
+    source["rank_by"] = rank_by;
+    source["tier_base"] = absl::GetFlag(FLAGS_tier_base);
+    if (!measured.empty()) {
+      source["measured"] = {{"format", measured[0].label},
+                            {"context", measured[0].context},
+                            {"windows", measured[0].windows},
+                            {"text", sensitivity_text}};
+    }
     if (!tiers.empty()) {
-      absl::StatusOr<std::string> spec = calibration::TieredCodecSpec(
+      absl::StatusOr<std::string> tiered = calibration::TieredCodecSpec(
           absl::GetFlag(FLAGS_tier_base), tiers, first_ranking, (*model)->config.head_dim);
-      if (!spec.ok()) return Fail(spec.status());
-      std::printf("codec: %s\n", spec->c_str());
+      if (!tiered.ok()) return Fail(tiered.status());
+      spec = *tiered;
+      source["method"] = "rank-tiers";
+      source["rank_tiers"] = absl::GetFlag(FLAGS_rank_tiers);
+      source["ranking"] = first_ranking;
+    } else if (allocate_bits > 0.0) {
+      std::vector<double> value_sensitivity;
+      if (const std::string from = absl::GetFlag(FLAGS_value_sensitivity_from); !from.empty()) {
+        absl::StatusOr<std::vector<double>> v = ReadNextTokenSensitivity(from, num_layers);
+        if (!v.ok()) return Fail(v.status());
+        value_sensitivity = std::move(*v);
+      }
+      const std::vector<std::string> key_ladder =
+          absl::StrSplit(absl::GetFlag(FLAGS_key_ladder), ';', absl::SkipEmpty());
+      const std::vector<std::string> value_ladder =
+          absl::StrSplit(absl::GetFlag(FLAGS_value_ladder), ';', absl::SkipEmpty());
+      absl::StatusOr<calibration::BitAllocation> a = calibration::AllocateBits(
+          measured[0].next_token_kl, value_sensitivity, absl::GetFlag(FLAGS_tier_base), key_ladder,
+          value_ladder, allocate_bits, (*model)->config.head_dim);
+      if (!a.ok()) return Fail(a.status());
+      spec = calibration::AllocationSpec(*a);
+      std::printf(
+          "allocation: predicted KL %.4e at %.4f history bits (base recipe everywhere: %.4e)\n",
+          a->predicted, a->bits, a->base_predicted);
+      source["method"] = "allocate-bits";
+      source["budget"] = allocate_bits;
+      source["key_ladder"] = key_ladder;
+      source["value_ladder"] = value_ladder;
+      source["key_sensitivity"] = measured[0].next_token_kl;
+      source["value_sensitivity"] = value_sensitivity;
+      source["predicted_kl"] = a->predicted;
+      source["bits"] = a->bits;
+    }
+    if (!spec.empty()) {
+      std::printf("codec: %s\n", spec.c_str());
       if (const std::string path = absl::GetFlag(FLAGS_spec_out); !path.empty()) {
         std::ofstream out(path, std::ios::trunc);
-        out << *spec << "\n";
+        out << spec << "\n";
         out.close();
         if (!out) {
           return Fail(absl::UnavailableError(absl::StrCat("--spec-out ", path, ": cannot write")));
         }
         std::printf("wrote %s\n", path.c_str());
+      }
+      if (const std::string path = absl::GetFlag(FLAGS_rotations_out); !path.empty()) {
+        absl::Status s = WriteRotationsWithCodec(absl::GetFlag(FLAGS_rotations), path, **model,
+                                                 spec, source.dump());
+        if (!s.ok()) return Fail(s);
+        std::printf("wrote %s (history_codec set)\n", path.c_str());
       }
     }
   } else {
