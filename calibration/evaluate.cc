@@ -444,11 +444,12 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
     const int want = options.windows.size() == 1 ? options.windows[0] : options.windows[ci];
     if (context < 2) return absl::InvalidArgumentError("contexts must be >= 2 tokens");
     if (want < 1) return absl::InvalidArgumentError("window counts must be >= 1");
-    const std::vector<TokenWindow> windows = MakeWindows(documents, context, 0, want);
+    const std::vector<TokenWindow> windows =
+        MakeWindows(documents, context, options.first_window, want);
     if (static_cast<int>(windows.size()) < want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("context ", context, ": the evaluation text has only ", windows.size(),
-                       " windows of that length, ", want, " asked"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "context ", context, ": the evaluation text has only ", windows.size(),
+          " windows of that length after the first ", options.first_window, ", ", want, " asked"));
     }
     report.data_digests.emplace_back(context, TokenDigest(windows));
     const int chunk = std::min(options.chunk, context);
@@ -633,6 +634,7 @@ std::string EvalReportJson(const EvalReport& report) {
   j["data_digests"] = digests;
   j["options"] = {{"contexts", report.options.contexts},
                   {"windows", report.options.windows},
+                  {"first_window", report.options.first_window},
                   {"chunk", report.options.chunk},
                   {"attention_samples", report.options.attention_samples},
                   {"group_size", report.options.group_size},

@@ -333,6 +333,32 @@ TEST(Fidelity, AttentionOnlyKeepsTheLayerErrorsAndSkipsTheForwardPasses) {
   EXPECT_FALSE(ParseEvalReportJson("{\"results\": [{\"format\": \"k\"}]}").ok());
 }
 
+// first_window skips windows: window 2 of a run is window 1 of a run that skips one, so a
+// sensitivity can be measured on further windows and averaged with the first ones.
+TEST(Fidelity, FirstWindowSkipsWindows) {
+  const std::shared_ptr<const model::LoadedModel> model = PlantedModel();
+  absl::StatusOr<EvalFormat> f = ResolveEvalFormat("int2-naive", {});
+  ASSERT_TRUE(f.ok());
+  EvalOptions o;
+  o.contexts = {448};
+  o.windows = {2};
+  o.attention_samples = 0;
+  const std::vector<TextDocument> docs = {Document("a", 1000, 3), Document("b", 1000, 4)};
+  absl::StatusOr<EvalReport> both = Evaluate(model, docs, {*f}, o);
+  ASSERT_TRUE(both.ok()) << both.status();
+  o.windows = {1};
+  o.first_window = 1;
+  absl::StatusOr<EvalReport> second = Evaluate(model, docs, {*f}, o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(both->results[0].window_kl.size(), 2u);
+  ASSERT_EQ(second->results[0].window_kl.size(), 1u);
+  EXPECT_NE(both->results[0].window_kl[0], both->results[0].window_kl[1]);
+  EXPECT_DOUBLE_EQ(second->results[0].window_kl[0], both->results[0].window_kl[1]);
+  o.first_window = 4;  // a long window per document twice, then nothing left
+  EXPECT_THAT(Evaluate(model, docs, {*f}, o).status().message(),
+              ::testing::HasSubstr("after the first 4"));
+}
+
 TEST(Fidelity, UnknownFormatsAndMissingFilesNameWhatIsWrong) {
   EXPECT_THAT(ResolveEvalFormat("int3", {}).status().message(),
               ::testing::HasSubstr("unknown format \"int3\""));

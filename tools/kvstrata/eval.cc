@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, formats, "",
 ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192", "comma-separated context lengths");
 ABSL_FLAG(std::string, windows, "1",
           "windows of evaluation text per context: one count for all, or one per --contexts");
+ABSL_FLAG(int, first_window, 0,
+          "skip this many windows of each context first (MakeWindows order), e.g. to measure a "
+          "sensitivity on further windows of the calibration text");
 ABSL_FLAG(int, chunk, 512, "tokens per forward pass (does not change the numbers)");
 ABSL_FLAG(int, threads, 2,
           "formats evaluated concurrently (each with single-threaded BLAS; 1 = one format at a "
@@ -90,13 +93,14 @@ ABSL_FLAG(std::string, value_ladder, "",
           "--allocate-bits: ;-separated value recipes besides --tier-base's own");
 ABSL_FLAG(std::string, value_sensitivity_from, "",
           "--allocate-bits: the values' per-layer next-token KL, an earlier --layer-sensitivity "
-          "--rank-by next-token-kl --json report (of a bf16|VALUES codec)");
+          "--rank-by next-token-kl --json report (of a bf16|VALUES codec), or several averaged");
 ABSL_FLAG(std::string, rotations_out, "",
           "--rank-tiers or --allocate-bits: write a copy of --rotations that carries the codec "
           "spec (its history_codec field, docs/rotation-file.md) and how it was chosen");
 ABSL_FLAG(std::string, sensitivity_from, "",
           "--layer-sensitivity: rank from this earlier --layer-sensitivity --json report instead "
-          "of measuring again (give the --rank-by it was measured for)");
+          "of measuring again (give the --rank-by it was measured for); several comma-separated "
+          "reports of the same measurement on other windows are averaged, window-weighted");
 // --json (write the results as JSON to this file) is defined by bench_engine.cc: absl flags are
 // global to the binary.
 ABSL_DECLARE_FLAG(std::string, json);
@@ -167,15 +171,60 @@ absl::StatusOr<calibration::EvalReport> MeasureFormats(
   });
 }
 
-// The per-layer next-token KL of a --layer-sensitivity --rank-by next-token-kl report.
-absl::StatusOr<std::vector<double>> ReadNextTokenSensitivity(const std::string& path,
+// Reads comma-separated --layer-sensitivity --json reports of the same measurement on other
+// windows (--first-window) and merges them into one: every result's numbers become the
+// window-weighted means (each window scores as many positions), its windows the sum.
+absl::StatusOr<calibration::EvalReport> ReadSensitivityReports(const std::string& paths) {
+  std::optional<calibration::EvalReport> merged;
+  for (absl::string_view part : absl::StrSplit(paths, ',', absl::SkipEmpty())) {
+    const std::string path(part);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
+    absl::StatusOr<calibration::EvalReport> r = calibration::ParseEvalReportJson(text.str());
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", r.status().message()));
+    if (!merged) {
+      merged = std::move(*r);
+      continue;
+    }
+    if (r->results.size() != merged->results.size() ||
+        r->options.attention_only != merged->options.attention_only) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": not the same measurement as the first report"));
+    }
+    for (size_t i = 0; i < r->results.size(); ++i) {
+      calibration::EvalResult& m = merged->results[i];
+      const calibration::EvalResult& e = r->results[i];
+      if (e.format != m.format || e.context != m.context ||
+          e.layer_score_kl.size() != m.layer_score_kl.size() ||
+          e.layer_output_rel_error.size() != m.layer_output_rel_error.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": result ", i, " is ", e.format,
+                                                       " at ", e.context, ", not ", m.format,
+                                                       " at ", m.context));
+      }
+      const double wm = m.windows, we = e.windows;
+      const auto mix = [&](double a, double b) { return (wm * a + we * b) / (wm + we); };
+      m.kl_mean = mix(m.kl_mean, e.kl_mean);
+      for (size_t l = 0; l < m.layer_score_kl.size(); ++l) {
+        m.layer_score_kl[l] = mix(m.layer_score_kl[l], e.layer_score_kl[l]);
+      }
+      for (size_t l = 0; l < m.layer_output_rel_error.size(); ++l) {
+        m.layer_output_rel_error[l] = mix(m.layer_output_rel_error[l], e.layer_output_rel_error[l]);
+      }
+      m.windows += e.windows;
+    }
+  }
+  if (!merged) return absl::InvalidArgumentError("no report given");
+  return *std::move(merged);
+}
+
+// The per-layer next-token KL of --layer-sensitivity --rank-by next-token-kl reports.
+absl::StatusOr<std::vector<double>> ReadNextTokenSensitivity(const std::string& paths,
                                                              int num_layers) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
-  absl::StatusOr<calibration::EvalReport> r = calibration::ParseEvalReportJson(text.str());
-  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", r.status().message()));
+  absl::StatusOr<calibration::EvalReport> r = ReadSensitivityReports(paths);
+  if (!r.ok()) return r.status();
+  const std::string path = paths;
   if (r->options.attention_only || static_cast<int>(r->results.size()) != num_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a next-token-KL sensitivity with one result per layer"));
@@ -225,6 +274,10 @@ int RunEval() {
         absl::InvalidArgumentError("--windows: give one count, or one per --contexts entry"));
   }
   options.chunk = absl::GetFlag(FLAGS_chunk);
+  options.first_window = absl::GetFlag(FLAGS_first_window);
+  if (options.first_window < 0) {
+    return Fail(absl::InvalidArgumentError("--first-window must be >= 0"));
+  }
   options.attention_samples = absl::GetFlag(FLAGS_attention_samples);
   options.group_size = absl::GetFlag(FLAGS_group_size);
   options.threads = absl::GetFlag(FLAGS_threads);
@@ -307,12 +360,7 @@ int RunEval() {
     if (!sensitivity) {
       return Fail(absl::InvalidArgumentError("--sensitivity-from needs --layer-sensitivity"));
     }
-    std::ifstream in(from);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in)
-      return Fail(absl::NotFoundError(absl::StrCat("--sensitivity-from ", from, ": cannot read")));
-    report = calibration::ParseEvalReportJson(text.str());
+    report = ReadSensitivityReports(from);
     if (report.ok() && per_layer_forward == report->options.attention_only) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "--sensitivity-from ", from, ": measured ",
