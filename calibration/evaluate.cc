@@ -278,9 +278,23 @@ absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
       f.rotations = f.rotations_path.empty()
                         ? "identity"
                         : f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
+      if (f.codec.empty() && !f.rotations_path.empty()) {
+        // label=codec:@FILE: the codec the rotation file carries (docs/rotation-file.md).
+        absl::StatusOr<engine::RotationFileInfo> info =
+            engine::ReadRotationFileInfo(f.rotations_path);
+        if (!info.ok()) {
+          return absl::Status(info.status().code(),
+                              absl::StrCat("format ", f.name, ": ", info.status().message()));
+        }
+        if (info->history_codec.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("format ", f.name, ": ", f.rotations_path, " carries no history_codec"));
+        }
+        f.codec = info->history_codec;
+      }
       if (f.name.empty() || f.codec.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("format \"", name, "\" is not label=codec:SPEC[@FILE]"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "format \"", name, "\" is not label=codec:SPEC[@FILE] or label=codec:@FILE"));
       }
       return f;
     }
@@ -430,11 +444,12 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
     const int want = options.windows.size() == 1 ? options.windows[0] : options.windows[ci];
     if (context < 2) return absl::InvalidArgumentError("contexts must be >= 2 tokens");
     if (want < 1) return absl::InvalidArgumentError("window counts must be >= 1");
-    const std::vector<TokenWindow> windows = MakeWindows(documents, context, 0, want);
+    const std::vector<TokenWindow> windows =
+        MakeWindows(documents, context, options.first_window, want);
     if (static_cast<int>(windows.size()) < want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("context ", context, ": the evaluation text has only ", windows.size(),
-                       " windows of that length, ", want, " asked"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "context ", context, ": the evaluation text has only ", windows.size(),
+          " windows of that length after the first ", options.first_window, ", ", want, " asked"));
     }
     report.data_digests.emplace_back(context, TokenDigest(windows));
     const int chunk = std::min(options.chunk, context);
@@ -619,6 +634,7 @@ std::string EvalReportJson(const EvalReport& report) {
   j["data_digests"] = digests;
   j["options"] = {{"contexts", report.options.contexts},
                   {"windows", report.options.windows},
+                  {"first_window", report.options.first_window},
                   {"chunk", report.options.chunk},
                   {"attention_samples", report.options.attention_samples},
                   {"group_size", report.options.group_size},

@@ -65,6 +65,7 @@ struct EvalRotationFiles {
 //                                        Lloyd-Max levels)
 //   label=codec:SPEC[@FILE]              a candidate history codec (kernels/history_codec.h)
 //                                        on the rows as FILE rotates them (identity without)
+//   label=codec:@FILE                    the codec FILE carries (its history_codec field)
 // and any split format with "-nowin" appended: no sink, a 1-token recent window (only the
 // current, partly filled page stays BF16). InvalidArgument naming the format, or the flag of
 // the missing rotation file.
@@ -78,6 +79,7 @@ absl::Status WriteHadamardRotationFile(const std::string& path, const model::Loa
 struct EvalOptions {
   std::vector<int> contexts = {1024, 2048, 4096, 8192};
   std::vector<int> windows = {1};  // windows of held-out text per context (one value: all)
+  int first_window = 0;            // skip this many windows of each context (MakeWindows order)
   int chunk = 512;                 // tokens per forward pass (any size gives the same numbers)
   int attention_samples = 8;       // query positions per window for the per-layer metrics
   int group_size = 0;              // INT2/INT4/KIVI channels per scale; 0 = head_dim

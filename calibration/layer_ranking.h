@@ -38,4 +38,35 @@ absl::StatusOr<std::string> TieredCodecSpec(const std::string& base,
                                             const std::vector<RankTier>& tiers,
                                             const std::vector<int>& ranked, int head_dim);
 
+// Per-layer bits for both sides by water-filling (scripts/allocate_tiers.py's model, for keys
+// and values): layer l's keys alone in the base recipe cost next-token KL sk[l] (its values
+// alone sv[l]); a recipe with Δ more code bits per element than the base scales that by
+// 2^(-2Δ), the layers and sides add up, and every (layer, side) gets the ladder rung that
+// minimises the predicted KL within `budget` history bits per element (K and V averaged,
+// every scale counted: kernels::SideRecipeBits). The base's own recipe is always a rung. A
+// Lagrange-multiplier sweep; ties go to the earlier rung, so the result is a pure function of
+// the numbers.
+struct BitAllocation {
+  std::vector<std::string> key_recipe, value_recipe;  // [layers]
+  // History bits per element (K and V averaged); Σ s·2^(-2Δ) over layers and sides, and the
+  // same with the base recipe everywhere.
+  double bits = 0;
+  double predicted = 0;
+  double base_predicted = 0;
+};
+// `base` is K_RECIPE|V_RECIPE (no overrides); an empty value_sensitivity keeps every layer's
+// values at the base (value_ladder unused). InvalidArgument on sizes that differ, on a
+// sensitivity that is NaN or negative, on a recipe that does not parse, or when even the
+// cheapest rungs exceed the budget.
+absl::StatusOr<BitAllocation> AllocateBits(const std::vector<double>& key_sensitivity,
+                                           const std::vector<double>& value_sensitivity,
+                                           const std::string& base,
+                                           const std::vector<std::string>& key_ladder,
+                                           const std::vector<std::string>& value_ladder,
+                                           double budget, int head_dim);
+
+// The allocation as a codec spec: the most common (K, V) pair (ties: the one of the lowest
+// layer) as the base, the other pairs as overrides in order of their lowest layer.
+std::string AllocationSpec(const BitAllocation& allocation);
+
 }  // namespace kvstrata::calibration

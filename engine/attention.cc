@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/history_codec.h"
 
 namespace kvstrata::engine {
 
@@ -64,6 +65,35 @@ void LayerAttention::Run(KvCache& cache, int layer, std::span<const AttentionChu
     }
   }
   if (static_cast<int64_t>(partials_.size()) < floats) partials_.resize(floats);
+  // An evaluation codec's key-error logit term (kernels/history_codec.h, "jb"): the features of
+  // every query row, once per call rather than once per page range.
+  biased_keys_ = nullptr;
+  if (cache.options().format == KvCacheFormat::kEvalCodec) {
+    const kernels::SideRecipe& keys = cache.options().eval_codec->Side(layer, 0);
+    if (keys.logit_bias != 0.0f) biased_keys_ = &keys;
+  }
+  if (biased_keys_ != nullptr) {
+    feature_offsets_.clear();
+    int64_t rows = 0;
+    for (const AttentionChunk& c : chunks) {
+      feature_offsets_.push_back(rows);
+      rows += int64_t{c.n} * num_heads_;
+    }
+    if (static_cast<int64_t>(features_.size()) < rows * kernels::kCodecBiasTerms) {
+      features_.resize(rows * kernels::kCodecBiasTerms);
+    }
+    const auto features = [&](int ci, int) {
+      const AttentionChunk& c = chunks[ci];
+      kernels::CodecBiasFeatures(
+          *biased_keys_, d, c.q, c.n * num_heads_, sm_scale,
+          features_.data() + feature_offsets_[ci] * kernels::kCodecBiasTerms);
+    };
+    if (pool != nullptr && chunks.size() > 1) {
+      pool->ParallelFor(static_cast<int>(chunks.size()), features);
+    } else {
+      for (size_t ci = 0; ci < chunks.size(); ++ci) features(static_cast<int>(ci), 0);
+    }
+  }
   const auto run = [&](int task, int) { RunTask(cache, layer, chunks, sm_scale, tasks_[task]); };
   if (pool != nullptr) {
     pool->ParallelFor(static_cast<int>(tasks_.size()), run);
@@ -122,7 +152,7 @@ void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const Attentio
   const int rows = (task.t_end - task.t_begin) * group;
   const int64_t lane_floats = AttentionState::LaneFloats(d);
   // Scratch: lanes (64-byte aligned, first), query rows, acc, m, l, visible counts, flags.
-  const int64_t need = rows * (lane_floats + 2 * d + 4) + 16;
+  const int64_t need = rows * (lane_floats + 2 * d + 4 + kernels::kCodecBiasTerms) + 16;
   float* scratch = kernels::cpu::ThreadScratch(need, /*which=*/3);
   AttentionState st;
   st.head_dim = d;
@@ -133,6 +163,18 @@ void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const Attentio
   st.l = st.m + rows;
   int* visible = reinterpret_cast<int*>(st.l + rows);
   st.lanes_used = visible + rows;
+  // The rows' features of the keys' logit term, when the codec has one (Run computed them).
+  float* bias_features = reinterpret_cast<float*>(st.lanes_used + rows);
+  if (biased_keys_ != nullptr) {
+    constexpr int T = kernels::kCodecBiasTerms;
+    for (int t = task.t_begin; t < task.t_end; ++t) {
+      std::memcpy(
+          bias_features + int64_t{t - task.t_begin} * group * T,
+          features_.data() +
+              (feature_offsets_[task.chunk] + int64_t{t} * num_heads_ + task.head * group) * T,
+          sizeof(float) * group * T);
+    }
+  }
   for (int t = task.t_begin; t < task.t_end; ++t) {
     std::memcpy(qrows + int64_t{t - task.t_begin} * group * d,
                 c.q + (int64_t{t} * num_heads_ + task.head * group) * d, sizeof(float) * group * d);
@@ -164,11 +206,16 @@ void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const Attentio
       } else {
         block = KvBlockPair{history, cache.HistoryBlock(*c.seq, p, layer, 0, task.head),
                             cache.HistoryBlock(*c.seq, p, layer, 1, task.head), ntok};
+        if (biased_keys_ != nullptr) {
+          block.score_bias = reinterpret_cast<const float*>(block.k) + int64_t{P} * d;
+          block.bias_terms = kernels::kCodecBiasTerms;
+        }
       }
-      kernels::cpu::AttendBlock(
-          isa_, g, block,
-          kernels::cpu::QueryRows{qrows + int64_t{row0} * d, nrows, visible + row0, sm_scale},
-          st.Rows(row0));
+      kernels::cpu::QueryRows query{qrows + int64_t{row0} * d, nrows, visible + row0, sm_scale};
+      if (block.score_bias != nullptr) {
+        query.bias_features = bias_features + int64_t{row0} * kernels::kCodecBiasTerms;
+      }
+      kernels::cpu::AttendBlock(isa_, g, block, query, st.Rows(row0));
     }
   }
   kernels::cpu::FinishAttentionState(isa_, g, rows, st);

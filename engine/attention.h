@@ -65,6 +65,11 @@ class LayerAttention {
   std::vector<Task> tasks_;
   std::vector<float> partials_;    // per task: rows × {m, l, acc[head_dim]}
   std::vector<int> merge_groups_;  // first task of each query block, then tasks_.size()
+  // kEvalCodec with the keys' logit term: its recipe for the layer, and the features of every
+  // query row [Σ n·num_heads][kernels::kCodecBiasTerms], chunk by chunk from feature_offsets_.
+  const kernels::SideRecipe* biased_keys_ = nullptr;
+  std::vector<float> features_;
+  std::vector<int64_t> feature_offsets_;
 };
 
 // One chunk on the calling thread with the best kernels this CPU has (tests, tools).

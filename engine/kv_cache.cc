@@ -64,6 +64,9 @@ bool IsEvaluationFormat(KvCacheFormat format) {
 }
 
 int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g) {
+  if (format == KvCacheFormat::kEvalCodec) {
+    return int64_t{g.page_tokens} * (g.head_dim + kernels::kCodecBiasTerms) * 4;
+  }
   if (IsEvaluationFormat(format)) return int64_t{g.page_tokens} * g.head_dim * 4;
   const kernels::PageEncoding e = format == KvCacheFormat::kInt2LloydMax
                                       ? kernels::PageEncoding::kInt2LloydMax
@@ -107,7 +110,7 @@ void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
       return;
     case KvCacheFormat::kEvalCodec:
       kernels::FakeQuantSide(rows, n, d, g.group_size, codec->Side(layer, kind), clip_ratio,
-                             Turbo3Seed(layer, kind, head), out);
+                             Turbo3Seed(layer, kind, head), out, out + int64_t{n} * d);
       return;
   }
 }

@@ -51,8 +51,10 @@ bool IsEvaluationFormat(KvCacheFormat format);
 // The history segment of one (layer, K|V, KV head) page, whatever the format stores there:
 // `rows` [64][head_dim] are the page's rotated values as its BF16 page holds them (so the
 // stored history depends on the tokens only). INT2 formats write the page format's INT2 block
-// (kernels/quant.h); evaluation formats write the fp32 reconstruction [64][head_dim]. `block`
-// has HistoryBlockBytes bytes. Decode writes rows [num_tokens][head_dim] in rotated space.
+// (kernels/quant.h); evaluation formats write the fp32 reconstruction [64][head_dim], and
+// kEvalCodec after it the codec's score-bias coefficients [64][kernels::kCodecBiasTerms]
+// (kernels/history_codec.h, "jb"; zeros without it). `block` has HistoryBlockBytes bytes. Decode
+// writes rows [num_tokens][head_dim] in rotated space.
 int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g);
 // `codec` is the recipe of kEvalCodec (ignored by the other formats).
 void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const float* rows,

@@ -55,6 +55,8 @@ RotationFileInfo InfoFromMetadata(const nlohmann::json& meta) {
   info.calibration_tokens = num("calibration_tokens");
   info.heldout_tokens = num("heldout_tokens");
   info.options = str("options");
+  info.history_codec = str("history_codec");
+  info.history_codec_source = str("history_codec_source");
   return info;
 }
 
@@ -107,6 +109,10 @@ absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotat
                             {"heldout_tokens", std::to_string(info.heldout_tokens)},
                             {"options", info.options},
                             {"data_sha256", Sha256Hex(data)}};
+  if (!info.history_codec.empty()) {
+    header["__metadata__"]["history_codec"] = info.history_codec;
+    header["__metadata__"]["history_codec_source"] = info.history_codec_source;
+  }
   int64_t offset = 0;
   for (const TensorSpec& t : tensors) {
     int64_t count = 1;

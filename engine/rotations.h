@@ -27,6 +27,11 @@ struct RotationFileInfo {
   int64_t calibration_tokens = 0;  // tokens whose q/k/v entered the covariances
   int64_t heldout_tokens = 0;      // further tokens the clip ratios were searched on
   std::string options;             // the calibration options, as JSON
+  // Optional: the history codec chosen for these rotations (a spec of kernels/history_codec.h,
+  // whose regions live in this file's rotated space), and how it was chosen, as JSON. Empty
+  // when none was chosen; written only when set, so files without one keep their bytes.
+  std::string history_codec;
+  std::string history_codec_source;
 };
 
 struct RotationSet {

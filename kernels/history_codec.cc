@@ -82,6 +82,21 @@ bool ParseSide(const std::string& spec, int head_dim, SideRecipe* r, std::string
       r->norm_preserving = true;
     } else if (o == "pr") {
       r->page_ratios = true;
+    } else if (o.size() >= 2 && o.compare(0, 2, "jb") == 0) {
+      r->logit_bias = 1.0f;
+      if (o.size() > 2) {
+        char* end = nullptr;
+        r->logit_bias = std::strtof(o.c_str() + 2, &end);
+        if (*end != '\0' || !std::isfinite(r->logit_bias)) {
+          *error = "bad logit-bias multiplier \"" + o + "\" in \"" + spec + "\"";
+          return false;
+        }
+      }
+    } else if (o.size() > 1 && o[0] == 't') {
+      if (!ParseInt(o.substr(1), &r->boost_rows) || r->boost_rows < 1 || r->boost_rows > 63) {
+        *error = "bad boosted-row count \"" + o + "\" in \"" + spec + "\" (t1..t63)";
+        return false;
+      }
     } else if (o.size() > 1 && o[0] == 'a') {
       char* end = nullptr;
       r->level_multiplier = std::strtof(o.c_str() + 1, &end);
@@ -90,9 +105,14 @@ bool ParseSide(const std::string& spec, int head_dim, SideRecipe* r, std::string
         return false;
       }
     } else {
-      *error = "unknown option \"" + o + "\" in \"" + spec + "\" (s8, eig, ls, np, pr, aFLOAT)";
+      *error = "unknown option \"" + o + "\" in \"" + spec +
+               "\" (s8, eig, ls, np, pr, aFLOAT, jb[FLOAT], tN)";
       return false;
     }
+  }
+  if (r->logit_bias != 0.0f && r->regions.size() > static_cast<size_t>(kCodecBiasTerms)) {
+    *error = "jb in \"" + spec + "\": at most " + std::to_string(kCodecBiasTerms) + " regions";
+    return false;
   }
   return true;
 }
@@ -103,8 +123,15 @@ bool ParseLayer(const std::string& spec, int head_dim, LayerRecipe* r, std::stri
     *error = "\"" + spec + "\" is not K_RECIPE|V_RECIPE";
     return false;
   }
-  return ParseSide(kv[0], head_dim, &r->side[0], error) &&
-         ParseSide(kv[1], head_dim, &r->side[1], error);
+  if (!ParseSide(kv[0], head_dim, &r->side[0], error) ||
+      !ParseSide(kv[1], head_dim, &r->side[1], error)) {
+    return false;
+  }
+  if (r->side[1].logit_bias != 0.0f) {  // the values' error is linear in the output: no bias
+    *error = "jb in \"" + kv[1] + "\": the logit term is for keys only";
+    return false;
+  }
+  return true;
 }
 
 // T = (H·P)ᵀ · blockdiag(H_c over the regions): takes a row of R = U·H·P's space to U's basis,
@@ -148,18 +175,20 @@ float StoreScale(float s, int scale_bits) {
 }
 
 // One region of n values: Lloyd-Max codes against the stored scale (`given`, when > 0: the
-// page-ratio scale; else the region's own RMS), reconstruction into y.
-void QuantizeRegion(const float* z, int n, const SideRecipe& r, int bits, float given, float* y) {
+// page-ratio scale; else the region's own RMS), reconstruction into y. Returns that scale
+// (before the level multiplier; 0 for a dropped region, which stores none).
+float QuantizeRegion(const float* z, int n, const SideRecipe& r, int bits, float given, float* y) {
   if (bits == 0) {  // dropped: nothing stored, reconstructed as zero
     std::fill(y, y + n, 0.0f);
-    return;
+    return 0.0f;
   }
   const float* levels = GaussianLloydMaxCentroids(bits);
   const int count = 1 << bits;
   double sq = 0.0;
   for (int i = 0; i < n; ++i) sq += double{z[i]} * z[i];
   const float rms = static_cast<float>(std::sqrt(sq / n));
-  const float s = (given > 0.0f ? given : StoreScale(rms, r.scale_bits)) * r.level_multiplier;
+  const float stored = given > 0.0f ? given : StoreScale(rms, r.scale_bits);
+  const float s = stored * r.level_multiplier;
   std::vector<int> code(n, 0);
   for (int i = 0; i < n; ++i) {
     // levels ascend: the nearest is found by counting midpoints below z
@@ -182,6 +211,13 @@ void QuantizeRegion(const float* z, int n, const SideRecipe& r, int bits, float 
         den > 0.0 ? StoreScale(static_cast<float>(std::sqrt(sq / den)), r.scale_bits) : 0.0f;
   }
   for (int i = 0; i < n; ++i) y[i] = out_scale * levels[code[i]];
+  return stored;
+}
+
+double NormalCdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double NormalPdf(double x) {
+  constexpr double kInvSqrt2Pi = 0.3989422804014327;
+  return kInvSqrt2Pi * std::exp(-0.5 * x * x);
 }
 
 }  // namespace
@@ -239,6 +275,15 @@ double SideRecipeBits(const SideRecipe& r, int head_dim, int group_size) {
           bits += reg.bits * reg.channels + (r.page_ratios ? 8.0 / 64 : r.scale_bits);
       }
       if (r.page_ratios) bits += r.scale_bits;
+      if (r.boost_rows > 0) {
+        // per page of 64 rows: a bit more for every coded channel below 4 bits of the boosted
+        // rows, and which rows they are (a list of 6-bit positions, or a 64-bit mask)
+        double extra = 0.0;
+        for (const CodecRegion& reg : r.regions) {
+          if (reg.bits > 0 && reg.bits < 4) extra += reg.channels;
+        }
+        bits += (r.boost_rows * extra + std::min(6 * r.boost_rows, 64)) / 64.0;
+      }
       return bits / head_dim;
     }
   }
@@ -277,9 +322,55 @@ float LogScaleValue(uint8_t code) {
   return code == 0 ? 0.0f : static_cast<float>(std::exp2((static_cast<int>(code) - 160) / 8.0));
 }
 
+double LloydMaxDistortion(int bits, float level_multiplier) {
+  if (bits <= 0) return 1.0;
+  const float* levels = GaussianLloydMaxCentroids(bits);
+  const int count = 1 << bits;
+  // Σ over cells [u, v) of ∫ (x - m)² φ(x) dx = I2 - 2m·I1 + m²·I0, with the Gaussian's
+  // partial moments I0 = Φ(v) - Φ(u), I1 = φ(u) - φ(v), I2 = I0 - (v·φ(v) - u·φ(u)).
+  double sum = 0.0;
+  for (int c = 0; c < count; ++c) {
+    const double m = double{level_multiplier} * levels[c];
+    const double u = c == 0 ? -40.0 : 0.5 * level_multiplier * (levels[c - 1] + levels[c]);
+    const double v = c + 1 == count ? 40.0 : 0.5 * level_multiplier * (levels[c] + levels[c + 1]);
+    const double i0 = NormalCdf(v) - NormalCdf(u);
+    const double i1 = NormalPdf(u) - NormalPdf(v);
+    const double i2 = i0 - (v * NormalPdf(v) - u * NormalPdf(u));
+    sum += i2 - 2.0 * m * i1 + m * m * i0;
+  }
+  return sum;
+}
+
+void CodecBiasFeatures(const SideRecipe& r, int d, const float* q, int rows, float sm_scale,
+                       float* f) {
+  std::fill(f, f + int64_t{rows} * kCodecBiasTerms, 0.0f);
+  if (r.kind != SideRecipe::Kind::kRegions || r.logit_bias == 0.0f) return;
+  thread_local std::vector<float> z;  // the attention calls this per task: no allocation warm
+  z.resize(static_cast<size_t>(rows) * d);
+  if (r.eigenbasis) {
+    ApplyRotation(q, rows, d, EigenbasisTransform(d, r.regions).data(), z.data());
+  } else {
+    std::copy_n(q, int64_t{rows} * d, z.data());
+  }
+  const double s2 = double{sm_scale} * sm_scale;
+  for (int row = 0; row < rows; ++row) {
+    int c0 = 0;
+    for (size_t k = 0; k < r.regions.size(); ++k) {
+      double sq = 0.0;
+      for (int i = 0; i < r.regions[k].channels; ++i) {
+        const double v = z[int64_t{row} * d + c0 + i];
+        sq += v * v;
+      }
+      f[int64_t{row} * kCodecBiasTerms + k] = static_cast<float>(s2 * sq);
+      c0 += r.regions[k].channels;
+    }
+  }
+}
+
 void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideRecipe& r,
-                   float clip_ratio, uint64_t seed, float* y) {
+                   float clip_ratio, uint64_t seed, float* y, float* bias_coef) {
   const int group = group_size > 0 ? group_size : d;
+  if (bias_coef != nullptr) std::fill(bias_coef, bias_coef + n * kCodecBiasTerms, 0.0f);
   switch (r.kind) {
     case SideRecipe::Kind::kBf16:
       FakeQuantBf16(x, n, d, y);
@@ -337,16 +428,55 @@ void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideR
                      : 0.0f;
     }
   }
-  for (int64_t row = 0; row < n; ++row) {
+  const bool bias = bias_coef != nullptr && r.logit_bias != 0.0f;
+  std::vector<double> distortion(nr, 0.0);
+  for (size_t k = 0; bias && k < nr; ++k) {
+    distortion[k] = LloydMaxDistortion(r.regions[k].bits, r.level_multiplier);
+  }
+  // Codes one row, every coded region at `extra` more bits (at most 4).
+  const auto code_row = [&](int64_t row, int extra) {
     int c0 = 0;
     for (size_t k = 0; k < nr; ++k) {
       const CodecRegion& reg = r.regions[k];
+      const int bits = reg.bits == 0 ? 0 : std::min(4, reg.bits + extra);
       // a zero page-ratio scale (an all-zero region) quantises to zero either way
       const float given = r.page_ratios ? std::max(row_scale[row] * ratio[k], 1e-30f) : 0.0f;
-      QuantizeRegion(z.data() + row * d + c0, reg.channels, r, reg.bits, given,
-                     zq.data() + row * d + c0);
+      const float scale = QuantizeRegion(z.data() + row * d + c0, reg.channels, r, bits, given,
+                                         zq.data() + row * d + c0);
+      if (bias) {
+        // The decoder knows the scale and the bits, so it knows this much error to expect
+        // (a dropped region stores no scale: no term).
+        const double dist =
+            bits == reg.bits ? distortion[k] : LloydMaxDistortion(bits, r.level_multiplier);
+        bias_coef[row * kCodecBiasTerms + k] =
+            static_cast<float>(0.5 * r.logit_bias * dist * double{scale} * scale);
+      }
       c0 += reg.channels;
     }
+  };
+  for (int64_t row = 0; row < n; ++row) code_row(row, 0);
+  if (r.boost_rows > 0) {
+    // The rows whose error costs most get a bit more: error energy weighted by 4^bits per
+    // region, the weight a reverse water-filling allocation implies for each region's
+    // directions (in the eigenbasis: the attention-aware eigenvalues).
+    std::vector<std::pair<double, int64_t>> cost(n);
+    for (int64_t row = 0; row < n; ++row) {
+      double e = 0.0;
+      int c0 = 0;
+      for (const CodecRegion& reg : r.regions) {
+        double sq = 0.0;
+        for (int i = 0; i < reg.channels; ++i) {
+          const double diff = double{z[row * d + c0 + i]} - zq[row * d + c0 + i];
+          sq += diff * diff;
+        }
+        e += std::ldexp(sq, 2 * reg.bits);
+        c0 += reg.channels;
+      }
+      cost[row] = {-e, row};  // largest first, ties to the lower row
+    }
+    const int64_t boosted = std::min<int64_t>(r.boost_rows, n);
+    std::partial_sort(cost.begin(), cost.begin() + boosted, cost.end());
+    for (int64_t i = 0; i < boosted; ++i) code_row(cost[i].second, 1);
   }
   if (t != nullptr) {
     ApplyRotationTransposed(zq.data(), n, d, t->data(), y);

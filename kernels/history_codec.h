@@ -31,6 +31,17 @@
 //               page: region scale = row scale · ratio. Replaces the per-region scales; np and
 //               ls do not apply)
 //             | "a" FLOAT (level multiplier: the levels are a·scale·L[i])
+//             | "t" N (per page of 64 rows, the N rows whose error costs most — error
+//               energy weighted by 4^bits per region — are coded again with one more bit in
+//               every coded region below 4; costs those bits and the rows' positions)
+//             | "jb" [FLOAT] (keys only: the softmax bias of the key error, undone in the
+//               scores. A Lloyd-Max reconstruction is the mean of its cell, so the key error e
+//               is zero-mean given the codes and exp(s·q·k) = exp(s·q·k̂)·E[exp(s·q·e)]
+//               ≈ exp(s·q·k̂ + s²/2 · Σ_r ‖q_r‖²·σ²_r), q_r the query's part in region r (in
+//               the codec's basis) and σ²_r the expected error per coordinate of the region,
+//               known from the stored scale and the bits. Without the term the history is
+//               under-weighted against the BF16 sink and recent window. The score of history
+//               token t gains FLOAT (default 1) times that; costs no bits)
 //   codec  := side "|" side                K recipe | V recipe, every layer
 //             ( ";" LAYERS "=" side "|" side )*   overrides, LAYERS = N("." N)*, e.g. 0.1.29
 
@@ -55,6 +66,8 @@ struct SideRecipe {
   bool norm_preserving = false;
   bool page_ratios = false;
   float level_multiplier = 1.0f;
+  float logit_bias = 0.0f;  // jb: the multiplier of the key-error logit term (0: off)
+  int boost_rows = 0;       // tN: rows per page coded with one more bit
 };
 
 struct LayerRecipe {
@@ -81,9 +94,22 @@ double HistoryCodecBits(const HistoryCodec& c, int num_layers, int head_dim, int
 const float* GaussianLloydMaxCentroids(int bits);
 
 // Quantises and reconstructs rows x [n][d] (rotated space) with recipe r, into y [n][d].
-// clip_ratio is used by the int2 recipes, seed by turbo3. x and y may not alias.
+// clip_ratio is used by the int2 recipes, seed by turbo3. x and y may not alias. With
+// bias_coef [n][kCodecBiasTerms], also the jb coefficients of the rows (zeros without jb).
 void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideRecipe& r,
-                   float clip_ratio, uint64_t seed, float* y);
+                   float clip_ratio, uint64_t seed, float* y, float* bias_coef = nullptr);
+
+// The logit correction of "jb" (above) for regions recipes: every history token stores
+// kCodecBiasTerms coefficients c[t][r] = β/2 · σ²_{t,r} (0 past the recipe's regions), every
+// query row features f[r] = s²·‖(q·T)_r‖², and the token's score gains Σ_r f[r]·c[t][r].
+inline constexpr int kCodecBiasTerms = 8;
+// The expected squared error per coordinate of the Lloyd-Max quantiser of `bits` (0..4) with
+// levels a·L[i] on unit-variance Gaussian data (1 for bits 0: the region is dropped).
+double LloydMaxDistortion(int bits, float level_multiplier);
+// f [rows][kCodecBiasTerms] of query rows q [rows][d] (rotated space) for recipe r; zeros when
+// r has no jb term.
+void CodecBiasFeatures(const SideRecipe& r, int d, const float* q, int rows, float sm_scale,
+                       float* f);
 
 // The 8-bit log2 scale code: 0 for s <= 0 (or below the range), else round(8·log2 s) + 160
 // clamped to 1..255; and back.

@@ -72,8 +72,17 @@ void ExpInPlace(CpuIsa isa, float* x, int n) {
   return portable::ExpInPlace(x, n);
 }
 
+float ScoreBias(const KvBlockPair& b, const QueryRows& q, int r, int t) {
+  const float* f = q.bias_features + int64_t{r} * b.bias_terms;
+  const float* c = b.score_bias + int64_t{t} * b.bias_terms;
+  float sum = 0.0f;
+  for (int j = 0; j < b.bias_terms; ++j) sum += f[j] * c[j];
+  return sum;
+}
+
 void AttendBlocksRef(const KvGeometry& g, const KvBlockPair* blocks, int num_blocks, const float* q,
-                     int rows, const int* visible, float scale, float* out) {
+                     int rows, const int* visible, float scale, float* out,
+                     const float* bias_features) {
   const int d = g.head_dim;
   std::vector<float> k(64 * static_cast<size_t>(d)), v(k.size());
   std::vector<std::vector<float>> keys(num_blocks), values(num_blocks);
@@ -109,7 +118,14 @@ void AttendBlocksRef(const KvGeometry& g, const KvBlockPair* blocks, int num_blo
       for (int t = 0; t < seen; ++t) {
         double dot = 0.0;
         for (int c = 0; c < d; ++c) dot += double{q[r * d + c]} * keys[b][t * d + c];
-        s.push_back(dot * scale);
+        double bias = 0.0;
+        if (blocks[b].score_bias != nullptr && bias_features != nullptr) {
+          for (int j = 0; j < blocks[b].bias_terms; ++j) {
+            bias += double{bias_features[r * blocks[b].bias_terms + j]} *
+                    blocks[b].score_bias[t * blocks[b].bias_terms + j];
+          }
+        }
+        s.push_back(dot * scale + bias);
         vrows.push_back(values[b].data() + int64_t{t} * d);
       }
     }

@@ -34,6 +34,11 @@ struct KvBlockPair {
   const uint8_t* k = nullptr;
   const uint8_t* v = nullptr;
   int num_tokens = 0;  // 1..page_tokens; tokens past it are never read
+  // kF32 only, optional (an evaluation codec's logit correction, kernels/history_codec.h):
+  // per token `bias_terms` coefficients [num_tokens][bias_terms]; the scaled score of row r
+  // and token t gains Σ_j QueryRows::bias_features[r][j]·score_bias[t][j].
+  const float* score_bias = nullptr;
+  int bias_terms = 0;
 };
 
 // Query rows attending to a block. Row r sees tokens [0, visible[r]) of it (the causal mask
@@ -41,8 +46,9 @@ struct KvBlockPair {
 struct QueryRows {
   const float* q = nullptr;  // [rows][head_dim], in the cache's rotated space
   int rows = 0;
-  const int* visible = nullptr;  // [rows]
-  float scale = 1.0f;            // softmax scale on q·k
+  const int* visible = nullptr;          // [rows]
+  float scale = 1.0f;                    // softmax scale on q·k
+  const float* bias_features = nullptr;  // [rows][bias_terms] when the block has score_bias
 };
 
 // Softmax reference points move only when a score passes them by more than this (natural
@@ -87,9 +93,15 @@ void FinishAttentionState(CpuIsa isa, const KvGeometry& g, int rows, const Atten
 // The specification: each row's output Σ softmax(s)·v over all the blocks it sees, in double,
 // with blocks decoded by the page format's reference decoders (kernels/quant.h).
 // blocks [num_blocks]; visible [rows][num_blocks] (0: the row does not see that block);
-// out [rows][head_dim].
+// out [rows][head_dim]; bias_features [rows][bias_terms] for blocks with score_bias (null: the
+// scores without the bias).
 void AttendBlocksRef(const KvGeometry& g, const KvBlockPair* blocks, int num_blocks, const float* q,
-                     int rows, const int* visible, float scale, float* out);
+                     int rows, const int* visible, float scale, float* out,
+                     const float* bias_features = nullptr);
+
+// The score bias of row r and token t of a block with score_bias. Out of line: the
+// instruction-set files include this header under different target flags.
+float ScoreBias(const KvBlockPair& b, const QueryRows& q, int r, int t);
 
 // x[i] = exp(x[i]) for i < n: |error| <= 2 ulp (x <= 88), 0 below -87.3 and for -inf.
 void ExpInPlace(CpuIsa isa, float* x, int n);

@@ -454,6 +454,11 @@ void Attend(const KvGeometry& g, const KvBlockPair& b, const QueryRows& q,
         }
         break;
     }
+    if (b.score_bias != nullptr) {  // an evaluation codec's logit correction (fp32 blocks)
+      for (int r = 0; r < nr; ++r) {
+        for (int t = 0; t < b.num_tokens; ++t) s[r][t] += ScoreBias(b, q, r0 + r, t);
+      }
+    }
     // The online softmax, a row at a time; every lane of the 64 is computed (masked ones give
     // exactly 0), so a row's sums do not depend on how many tokens the block holds past it.
     for (int r = 0; r < nr; ++r) {

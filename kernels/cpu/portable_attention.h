@@ -194,6 +194,7 @@ void AttendBlock(const KvGeometry& g, const KvBlockPair& b, const QueryRows& q,
     float mx = -std::numeric_limits<float>::infinity();
     for (int t = 0; t < seen; ++t) {
       if (!int2) pr[t] = q.scale * DotRow(qr, k + int64_t{t} * d, d);
+      if (b.score_bias != nullptr) pr[t] += ScoreBias(b, q, r, t);
       mx = std::max(mx, pr[t]);
     }
     float m_new = st.m[r], corr = 1.0f;  // the same lazy reference point as the AVX-512 path

@@ -14,6 +14,7 @@
 #include "calibration/evaluate.h"
 #include "calibration/fidelity_engine.h"
 #include "engine/kv_cache.h"
+#include "engine/rotations.h"
 #include "kernels/bits.h"
 #include "model/tiny_model.h"
 #include "tests/model/model_test_util.h"
@@ -119,8 +120,9 @@ TEST(Fidelity, CodecWithTheServedQuantiserMatchesTheInt2Format) {
   EvalRotationFiles files;
   files.per_head = fx.oscar_path;
   std::vector<EvalFormat> formats;
-  for (const std::string& name : {std::string("oscar"), "same=codec:int2|int2@" + fx.oscar_path,
-                                  "norm=codec:2x64|bf16@" + fx.oscar_path}) {
+  for (const std::string& name :
+       {std::string("oscar"), "same=codec:int2|int2@" + fx.oscar_path,
+        "norm=codec:2x64|bf16@" + fx.oscar_path, "norm-jb=codec:2x64:jb|bf16@" + fx.oscar_path}) {
     absl::StatusOr<EvalFormat> f = ResolveEvalFormat(name, files);
     ASSERT_TRUE(f.ok()) << f.status();
     formats.push_back(*f);
@@ -142,6 +144,10 @@ TEST(Fidelity, CodecWithTheServedQuantiserMatchesTheInt2Format) {
   EXPECT_DOUBLE_EQ(same.bits_per_element, oscar.bits_per_element);
   EXPECT_DOUBLE_EQ(norm.history_bits_per_element, (2.25 + 16) / 2);
   EXPECT_GT(std::fabs(norm.kl_mean - oscar.kl_mean), 1e-2 * oscar.kl_mean);
+  // The keys' logit term reaches the attention: same rows, same bits, other scores.
+  const EvalResult& norm_jb = report->results[3];
+  EXPECT_DOUBLE_EQ(norm_jb.history_bits_per_element, norm.history_bits_per_element);
+  EXPECT_GT(std::fabs(norm_jb.kl_mean - norm.kl_mean), 1e-3 * norm.kl_mean);
   ASSERT_EQ(same.window_kl.size(), 1u);
   EXPECT_DOUBLE_EQ(same.window_kl[0], same.kl_mean);
 
@@ -195,14 +201,27 @@ TEST(Fidelity, EvalLogitsEqualStepByStepDecoding) {
   files.per_head = fx.oscar_path;
   files.hadamard = fx.hadamard_path;
   std::vector<float> bf16_stepwise, other_stepwise;  // of bf16 and of the last other format
-  for (const char* name :
-       {"oscar", "oscar-nowin", "fp8", "int4", "kivi2", "turbo3", "bf16", "int2-naive"}) {
+  // A codec with the keys' logit term ("jb"): the term is per (query row, token), so it too
+  // must not depend on how the positions are chunked.
+  const std::string jb = "jb=codec:3x32+2x32:eig:s8:pr:jb|2x32+1x32:eig:s8:pr@" + fx.oscar_path;
+  for (const std::string& name :
+       {std::string("oscar"), std::string("oscar-nowin"), std::string("fp8"), std::string("int4"),
+        std::string("kivi2"), std::string("turbo3"), jb, std::string("bf16"),
+        std::string("int2-naive")}) {
     absl::StatusOr<EvalFormat> f = ResolveEvalFormat(name, files);
     ASSERT_TRUE(f.ok()) << f.status();
+    std::shared_ptr<kernels::HistoryCodec> codec;
+    if (f->format == KvCacheFormat::kEvalCodec) {
+      codec = std::make_shared<kernels::HistoryCodec>();
+      std::string error;
+      ASSERT_TRUE(
+          kernels::ParseHistoryCodec(f->codec, fx.model->config.head_dim, codec.get(), &error))
+          << error;
+    }
     std::vector<float> chunked, stepwise, logits;
     for (int chunk : {160, 1}) {
-      absl::StatusOr<std::unique_ptr<engine::Engine>> e =
-          CreateFidelityEngine(fx.model, f->format, f->layout, 0, f->rotations_path, 700, 160);
+      absl::StatusOr<std::unique_ptr<engine::Engine>> e = CreateFidelityEngine(
+          fx.model, f->format, f->layout, 0, f->rotations_path, 700, 160, 0, codec);
       ASSERT_TRUE(e.ok()) << e.status();
       engine::SequenceKv seq;
       ASSERT_TRUE((*e)->cache().Reserve(seq, 700).ok());
@@ -229,7 +248,7 @@ TEST(Fidelity, EvalLogitsEqualStepByStepDecoding) {
     }
     std::printf(
         "%-12s chunked vs step by step: worst logit difference %.2g, mean %.2g (scale %.2g)\n",
-        name, worst, mean, scale);
+        f->name.c_str(), worst, mean, scale);
     // Equal up to float sums taken in another order (GEMMs of other shapes), which can move a
     // BF16 rounding or an INT2 code at a tie now and then.
     EXPECT_LE(worst, 2e-3 * scale) << name;
@@ -314,6 +333,32 @@ TEST(Fidelity, AttentionOnlyKeepsTheLayerErrorsAndSkipsTheForwardPasses) {
   EXPECT_FALSE(ParseEvalReportJson("{\"results\": [{\"format\": \"k\"}]}").ok());
 }
 
+// first_window skips windows: window 2 of a run is window 1 of a run that skips one, so a
+// sensitivity can be measured on further windows and averaged with the first ones.
+TEST(Fidelity, FirstWindowSkipsWindows) {
+  const std::shared_ptr<const model::LoadedModel> model = PlantedModel();
+  absl::StatusOr<EvalFormat> f = ResolveEvalFormat("int2-naive", {});
+  ASSERT_TRUE(f.ok());
+  EvalOptions o;
+  o.contexts = {448};
+  o.windows = {2};
+  o.attention_samples = 0;
+  const std::vector<TextDocument> docs = {Document("a", 1000, 3), Document("b", 1000, 4)};
+  absl::StatusOr<EvalReport> both = Evaluate(model, docs, {*f}, o);
+  ASSERT_TRUE(both.ok()) << both.status();
+  o.windows = {1};
+  o.first_window = 1;
+  absl::StatusOr<EvalReport> second = Evaluate(model, docs, {*f}, o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(both->results[0].window_kl.size(), 2u);
+  ASSERT_EQ(second->results[0].window_kl.size(), 1u);
+  EXPECT_NE(both->results[0].window_kl[0], both->results[0].window_kl[1]);
+  EXPECT_DOUBLE_EQ(second->results[0].window_kl[0], both->results[0].window_kl[1]);
+  o.first_window = 4;  // a long window per document twice, then nothing left
+  EXPECT_THAT(Evaluate(model, docs, {*f}, o).status().message(),
+              ::testing::HasSubstr("after the first 4"));
+}
+
 TEST(Fidelity, UnknownFormatsAndMissingFilesNameWhatIsWrong) {
   EXPECT_THAT(ResolveEvalFormat("int3", {}).status().message(),
               ::testing::HasSubstr("unknown format \"int3\""));
@@ -325,6 +370,26 @@ TEST(Fidelity, UnknownFormatsAndMissingFilesNameWhatIsWrong) {
   ASSERT_TRUE(nowin.ok());
   EXPECT_EQ(nowin->layout.sink_tokens, 0);
   EXPECT_EQ(nowin->layout.recent_tokens, 1);
+}
+
+// label=codec:@FILE reads the codec a rotation file carries (docs/rotation-file.md).
+TEST(Fidelity, ACodecCanComeFromTheRotationFile) {
+  Fixture fx;
+  ASSERT_NO_FATAL_FAILURE(fx.Calibrate());
+  absl::StatusOr<EvalFormat> none = ResolveEvalFormat("c=codec:@" + fx.oscar_path, {});
+  EXPECT_THAT(none.status().message(), ::testing::HasSubstr("carries no history_codec"));
+  absl::StatusOr<engine::RotationSet> r =
+      engine::ReadRotationFile(fx.oscar_path, 2, 2, 64, fx.model->fingerprint);
+  ASSERT_TRUE(r.ok()) << r.status();
+  engine::RotationFileInfo info = r->info;
+  info.history_codec = "3x32+2x32:eig:s8:pr|2x32+1x32:eig:s8:pr;1=4x64|2x64";
+  const std::string with = fx.scratch.File("with-codec.safetensors");
+  ASSERT_TRUE(engine::WriteRotationFile(with, *r, info).ok());
+  absl::StatusOr<EvalFormat> f = ResolveEvalFormat("c=codec:@" + with, {});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->format, KvCacheFormat::kEvalCodec);
+  EXPECT_EQ(f->codec, info.history_codec);
+  EXPECT_EQ(f->rotations_path, with);
 }
 
 TEST(BitsPerElement, SplitFormatsCountWindowsAndHeaders) {

@@ -73,3 +73,71 @@ TEST(TieredCodecSpec, RejectsTooManyLayersAndBadRecipes) {
 
 }  // namespace
 }  // namespace kvstrata::calibration
+
+namespace kvstrata::calibration {
+namespace {
+
+// The per-layer next-token KL of P2's base keys on the calibration text
+// (docs/fidelity2/sensitivity-kl-2k.json), from which scripts/allocate_tiers.py made P2w.
+const std::vector<double> kKeySensitivity = {
+    8.758327190813314e-05, 9.187545862654453e-05,  0.0001667402114337611,  0.00011603622862488154,
+    9.930118309136839e-05, 0.0001384536669492121,  0.0001714646495371537,  0.00041834660037498345,
+    0.0002908548016764521, 8.846485490689159e-05,  0.00012545594599799282, 0.0001273782462773511,
+    7.068631832659179e-05, 6.298274679277867e-05,  0.00021435562641505102, 0.00013939405044757145,
+    7.778130043833089e-05, 0.0002936276293330987,  0.0009635619234501553,  0.00012976524345573962,
+    0.000575210883019541,  0.00014353511627256411, 0.000145876012042469,   0.0011004828717032045,
+    0.0002250713053216093, 5.498011411114618e-05,  0.00010725765007011325, 6.577538098812635e-05,
+    0.0002712351632825526, 8.672668615717319e-05};
+const std::vector<std::string> kP2wKeyLadder = {"4x64:eig:s8:pr", "4x32+3x32:eig:s8:pr",
+                                                "4x16+3x32+2x16:eig:s8:pr", "3x32+2x32:eig:s8:pr"};
+
+TEST(AllocateBits, ReproducesP2wFromItsSensitivity) {
+  // Keys only, P2w's five key rungs: the committed P2w codec (docs/fidelity2/P2w.codec).
+  absl::StatusOr<BitAllocation> a =
+      AllocateBits(kKeySensitivity, {}, kBase, kP2wKeyLadder, {}, 2.5, 64);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_NEAR(a->bits, 2.4969, 1e-4);
+  EXPECT_NEAR(a->predicted, 3.465e-3, 1e-6);
+  EXPECT_NEAR(a->base_predicted, 6.650e-3, 1e-6);
+  const std::string v = "|3x16+2x16+1x32:eig:s8:pr";
+  EXPECT_EQ(AllocationSpec(*a),
+            "3x32+2x32:eig:s8:pr" + v + ";2.5.6.14.15.21.22=4x16+3x32+2x16:eig:s8:pr" + v +
+                ";3.4.10.11.19.26=4x16+3x16+2x32:eig:s8:pr" + v +
+                ";7.8.17.24.28=4x32+3x32:eig:s8:pr" + v + ";18.20.23=4x64:eig:s8:pr" + v);
+  kernels::HistoryCodec codec;
+  std::string error;
+  ASSERT_TRUE(kernels::ParseHistoryCodec(AllocationSpec(*a), 64, &codec, &error)) << error;
+  EXPECT_NEAR(kernels::HistoryCodecBits(codec, 30, 64, 64), a->bits, 1e-12);
+}
+
+TEST(AllocateBits, ValuesCompeteForTheSameBits) {
+  // Two layers: the keys of layer 0 and the values of layer 1 matter. At the base's own bits
+  // they each go a quarter bit up, paid for by a quarter bit down on the other two sides.
+  const std::vector<std::string> keys = {"4x16+3x32+2x16:eig:s8:pr", "3x32+2x32:eig:s8:pr"};
+  const std::vector<std::string> values = {"3x16+2x32+1x16:eig:s8:pr", "2x32+1x32:eig:s8:pr"};
+  absl::StatusOr<BitAllocation> base_only =
+      AllocateBits({1e-3, 1e-6}, {1e-6, 1e-3}, kBase, {}, {}, 2.5, 64);
+  ASSERT_TRUE(base_only.ok()) << base_only.status();
+  EXPECT_EQ(base_only->key_recipe[0], "4x16+3x16+2x32:eig:s8:pr");
+  absl::StatusOr<BitAllocation> a =
+      AllocateBits({1e-3, 1e-6}, {1e-6, 1e-3}, kBase, keys, values, base_only->bits, 64);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->key_recipe, (std::vector<std::string>{keys[0], keys[1]}));
+  EXPECT_EQ(a->value_recipe, (std::vector<std::string>{values[1], values[0]}));
+  EXPECT_LE(a->bits, base_only->bits + 1e-12);
+  EXPECT_NEAR(a->predicted, (2e-3 * std::sqrt(0.5) + 2e-6 * std::sqrt(2.0)), 1e-9);
+}
+
+TEST(AllocateBits, RefusesWhatCannotBeAllocated) {
+  EXPECT_FALSE(AllocateBits({}, {}, kBase, {}, {}, 2.5, 64).ok());
+  EXPECT_FALSE(AllocateBits({1e-3, 1e-3}, {1e-3}, kBase, {}, {}, 2.5, 64).ok());
+  EXPECT_FALSE(AllocateBits({1e-3, -1.0}, {}, kBase, {}, {}, 2.5, 64).ok());
+  EXPECT_FALSE(AllocateBits({1e-3}, {}, "4x64", {}, {}, 2.5, 64).ok());
+  EXPECT_FALSE(AllocateBits({1e-3}, {}, kBase, {"int2"}, {}, 2.5, 64).ok());
+  absl::StatusOr<BitAllocation> a = AllocateBits({1e-3}, {}, kBase, {}, {}, 1.0, 64);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("no allocation fits"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvstrata::calibration

@@ -103,6 +103,29 @@ TEST_F(RotationFileTest, RoundTripsTensorsAndMetadata) {
   EXPECT_EQ(model::testing::ReadFile(again), model::testing::ReadFile(path_));
 }
 
+// The optional history codec: absent from a file that has none (whose bytes are then those of
+// a file written before the field existed), read back when set, and part of the file's bytes,
+// so of its digest and of the radix-hash namespace.
+TEST_F(RotationFileTest, CarriesAnOptionalHistoryCodec) {
+  absl::StatusOr<RotationFileInfo> plain = ReadRotationFileInfo(path_);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->history_codec, "");
+  EXPECT_EQ(model::testing::ReadFile(path_).find("history_codec"), std::string::npos);
+  RotationFileInfo info = Info();
+  info.history_codec = "4x16+3x16+2x32:eig:s8:pr|3x16+2x16+1x32:eig:s8:pr;3.7=4x64|2x64";
+  info.history_codec_source = R"({"rank_by":"next-token-kl"})";
+  const std::string with = scratch_.File("codec.safetensors");
+  ASSERT_TRUE(WriteRotationFile(with, rotations_, info).ok());
+  absl::StatusOr<RotationSet> r = Read(with);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->info.history_codec, info.history_codec);
+  EXPECT_EQ(r->info.history_codec_source, info.history_codec_source);
+  EXPECT_EQ(r->k_rotation, rotations_.k_rotation);
+  absl::StatusOr<RotationSet> without = Read(path_);
+  ASSERT_TRUE(without.ok());
+  EXPECT_NE(r->digest, without->digest);
+}
+
 TEST_F(RotationFileTest, RejectsAnotherModel) {
   const absl::StatusOr<RotationSet> r = Read(path_, std::string(64, 'e'));
   ASSERT_FALSE(r.ok());

@@ -226,6 +226,69 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
+// An evaluation codec's per-token score bias on fp32 blocks (kernels/history_codec.h, "jb"):
+// every path adds Σ_j f[r][j]·c[t][j] to the scaled score, as the reference does, and the bias
+// moves the output (a kernel that ignored it would fail both checks).
+TEST(CpuAttentionScoreBias, EveryPathAddsTheBiasAsTheReferenceDoes) {
+  for (const int d : {64, 128}) {
+    const KvGeometry g{1, 1, d, d, 64};
+    std::mt19937 rng(41 + d);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    constexpr int kTerms = 3;
+    const std::vector<OwnedBlock> blocks = {MakeBlock(g, BlockFormat::kBf16, 64, rng),
+                                            MakeBlock(g, BlockFormat::kF32, 64, rng),
+                                            MakeBlock(g, BlockFormat::kF32, 45, rng)};
+    std::vector<std::vector<float>> coef(3);
+    for (int b = 1; b < 3; ++b) {
+      coef[b].resize(64 * kTerms);
+      for (float& x : coef[b]) x = 0.4f * unit(rng);
+    }
+    const int rows = 7, nb = 3;
+    std::vector<float> q(static_cast<size_t>(rows) * d), f(rows * kTerms);
+    for (float& x : q) x = 0.7f * normal(rng);
+    for (float& x : f) x = 2.0f * unit(rng);
+    std::vector<int> visible(rows * nb);
+    for (int r = 0; r < rows; ++r)
+      visible[r * nb] = 64, visible[r * nb + 1] = 64, visible[r * nb + 2] = 1 + 6 * r;
+    std::vector<KvBlockPair> pairs;
+    for (int b = 0; b < nb; ++b) {
+      KvBlockPair p = blocks[b].pair();
+      if (b > 0) p.score_bias = coef[b].data(), p.bias_terms = kTerms;
+      pairs.push_back(p);
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    std::vector<float> want(static_cast<size_t>(rows) * d), unbiased(want.size());
+    AttendBlocksRef(g, pairs.data(), nb, q.data(), rows, visible.data(), scale, want.data(),
+                    f.data());
+    AttendBlocksRef(g, pairs.data(), nb, q.data(), rows, visible.data(), scale, unbiased.data(),
+                    /*bias_features=*/nullptr);  // the reference without features: no bias
+    double moved = 0.0;
+    for (size_t i = 0; i < want.size(); ++i)
+      moved = std::max<double>(moved, std::fabs(want[i] - unbiased[i]));
+    EXPECT_GT(moved, 1e-2);
+    for (const CpuIsa isa : Isas()) {
+      SCOPED_TRACE(std::string(CpuIsaName(isa)) + " d=" + std::to_string(d));
+      State st(rows, d);
+      for (int b = 0; b < nb; ++b) {
+        std::vector<int> vis(rows);
+        for (int r = 0; r < rows; ++r) vis[r] = visible[r * nb + b];
+        QueryRows qr{q.data(), rows, vis.data(), scale};
+        if (b > 0) qr.bias_features = f.data();
+        AttendBlock(isa, g, pairs[b], qr, st.view);
+      }
+      FinishAttentionState(isa, g, rows, st.view);
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < d; ++c) {
+          const float got = st.acc[r * d + c] / st.l[r];
+          ASSERT_NEAR(got, want[r * d + c], 2e-5f + 2e-5f * std::fabs(want[r * d + c]))
+              << "row " << r << " channel " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuExpTest, WithinThreeUlpsOfTheLibraryAndZeroBelowTheRange) {
   std::vector<float> xs;
   for (float x = -100.0f; x <= 88.0f; x += 0.0137f) xs.push_back(x);

@@ -261,3 +261,151 @@ TEST(HistoryCodec, Bf16AndInt2RecipesAreTheServedQuantisers) {
 
 }  // namespace
 }  // namespace kvstrata::kernels
+
+namespace kvstrata::kernels {
+namespace {
+
+TEST(HistoryCodecLogitBias, ParsesForKeysOnly) {
+  HistoryCodec c = Parse("4x16+3x16+2x32:eig:s8:pr:jb|3x64");
+  EXPECT_FLOAT_EQ(c.all.side[0].logit_bias, 1.0f);
+  EXPECT_FLOAT_EQ(c.all.side[1].logit_bias, 0.0f);
+  EXPECT_FLOAT_EQ(Parse("2x64:jb0.5|2x64").all.side[0].logit_bias, 0.5f);
+  EXPECT_FLOAT_EQ(Parse("2x64:jb-1|2x64").all.side[0].logit_bias, -1.0f);
+  // It costs no bits.
+  EXPECT_DOUBLE_EQ(HistoryCodecBits(Parse("3x32+2x32:eig:s8:jb|2x64"), 30, 64, 64),
+                   HistoryCodecBits(Parse("3x32+2x32:eig:s8|2x64"), 30, 64, 64));
+  std::string error;
+  EXPECT_FALSE(ParseHistoryCodec("2x64|2x64:jb", 64, &c, &error));
+  EXPECT_NE(error.find("keys only"), std::string::npos) << error;
+  EXPECT_FALSE(ParseHistoryCodec("2x64:jbx|2x64", 64, &c, &error));
+  EXPECT_FALSE(ParseHistoryCodec("1x8+1x8+1x8+1x8+1x8+1x8+1x8+1x8+2x0|2x64", 64, &c, &error));
+  EXPECT_FALSE(ParseHistoryCodec("1x4+1x4+1x4+1x4+1x4+1x4+1x4+1x4+2x32:jb|2x64", 64, &c, &error));
+  EXPECT_NE(error.find("at most 8 regions"), std::string::npos) << error;
+}
+
+TEST(HistoryCodecLogitBias, DistortionsAreTheLloydMaxOnes) {
+  const double want[5] = {1.0, 0.3634, 0.1175, 0.03454, 0.009497};
+  for (int bits = 0; bits <= 4; ++bits) {
+    EXPECT_NEAR(LloydMaxDistortion(bits, 1.0f), want[bits], 1e-3 * want[bits]) << bits;
+  }
+  // Other level multipliers, against a Monte Carlo of the quantiser; 1 is the minimum.
+  std::mt19937 rng(8);
+  std::normal_distribution<double> normal;
+  for (const float a : {0.8f, 1.2f}) {
+    for (int bits = 1; bits <= 3; ++bits) {
+      const float* L = GaussianLloydMaxCentroids(bits);
+      double sum = 0.0;
+      const int n = 200000;
+      for (int i = 0; i < n; ++i) {
+        const double x = normal(rng);
+        double best = 1e30;
+        for (int k = 0; k < (1 << bits); ++k) best = std::min(best, std::fabs(x - a * L[k]));
+        sum += best * best;
+      }
+      EXPECT_NEAR(LloydMaxDistortion(bits, a), sum / n, 0.02 * sum / n) << bits << " " << a;
+      EXPECT_GT(LloydMaxDistortion(bits, a), LloydMaxDistortion(bits, 1.0f));
+    }
+  }
+}
+
+// The term's promise: for a query q, ½·s²·E[(q·e)²] over the rows equals the mean of
+// Σ_r f[r]·c[t][r], where e is each row's actual error. Gaussian rows whose eigen-regions
+// differ in energy (as keys in U's basis do), page ratios as served.
+TEST(HistoryCodecLogitBias, PredictsTheScoreVarianceOfTheKeyError) {
+  const int n = 64, d = 64, pages = 8;
+  const SideRecipe r = Parse("4x16+3x16+2x32:eig:s8:pr:jb|2x64").all.side[0];
+  const SideRecipe plain = Parse("4x16+3x16+2x32:eig:s8:pr|2x64").all.side[0];
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  std::vector<float> q(d);
+  for (float& v : q) v = normal(rng);
+  const float sm = 0.125f;
+  std::vector<float> f(kCodecBiasTerms);
+  CodecBiasFeatures(r, d, q.data(), 1, sm, f.data());
+  double norm = 0.0;
+  for (float v : q) norm += double{v} * v;
+  double fsum = 0.0;
+  for (float v : f) fsum += v;
+  EXPECT_NEAR(fsum, sm * sm * norm, 1e-4 * fsum);  // T is orthogonal: the regions split ‖q‖²
+  EXPECT_EQ(f[3], 0.0f);                           // past the recipe's three regions
+  std::vector<float> none(kCodecBiasTerms, 1.0f);
+  CodecBiasFeatures(plain, d, q.data(), 1, sm, none.data());
+  for (float v : none) EXPECT_EQ(v, 0.0f);
+
+  double predicted = 0.0, measured = 0.0;
+  for (int p = 0; p < pages; ++p) {
+    // rows in the file's rotated space whose U-basis energy falls off along the eigen-order
+    std::vector<float> w(static_cast<size_t>(n) * d), x(w.size());
+    for (int t = 0; t < n; ++t) {
+      const float row = 0.5f + 2.0f * std::fabs(normal(rng));
+      for (int i = 0; i < d; ++i) w[t * d + i] = row * normal(rng) * std::exp(-i / 20.0f);
+    }
+    std::vector<double> u(static_cast<size_t>(d) * d, 0.0);
+    for (int i = 0; i < d; ++i) u[i * d + i] = 1.0;
+    std::vector<float> hp(static_cast<size_t>(d) * d);
+    ComposeRotation(u.data(), d, hp.data());  // U = I: the stored rows are w·H·P
+    ApplyRotation(w.data(), n, d, hp.data(), x.data());
+    std::vector<float> y(x.size()), coef(static_cast<size_t>(n) * kCodecBiasTerms, -1.0f);
+    FakeQuantSide(x.data(), n, d, 64, r, 1.0f, 0, y.data(), coef.data());
+    std::vector<float> y_plain(x.size()), coef_plain(coef.size(), -1.0f);
+    FakeQuantSide(x.data(), n, d, 64, plain, 1.0f, 0, y_plain.data(), coef_plain.data());
+    for (int t = 0; t < n; ++t) {
+      double dot = 0.0, bias = 0.0;
+      for (int i = 0; i < d; ++i) dot += double{q[i]} * (x[t * d + i] - y[t * d + i]);
+      for (int k = 0; k < kCodecBiasTerms; ++k)
+        bias += double{f[k]} * coef[t * kCodecBiasTerms + k];
+      measured += 0.5 * sm * sm * dot * dot;
+      predicted += bias;
+      for (int k = 3; k < kCodecBiasTerms; ++k) ASSERT_EQ(coef[t * kCodecBiasTerms + k], 0.0f);
+      for (int k = 0; k < kCodecBiasTerms; ++k)
+        ASSERT_EQ(coef_plain[t * kCodecBiasTerms + k], 0.0f);
+    }
+    ASSERT_EQ(y, y_plain);  // the term changes the scores, never the stored rows
+  }
+  EXPECT_NEAR(predicted / measured, 1.0, 0.15) << predicted << " vs " << measured;
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels
+
+namespace kvstrata::kernels {
+namespace {
+
+// "tN": per page, the N rows with the largest weighted error are coded one bit finer, and
+// exactly as a recipe one bit finer everywhere codes them (the page ratios are the page's).
+TEST(HistoryCodecBoostedRows, TheCostliestRowsGetOneMoreBit) {
+  const int n = 64, d = 64;
+  const SideRecipe base = Parse("4x16+3x16+2x32:eig:s8:pr|2x64").all.side[0];
+  const SideRecipe boost = Parse("4x16+3x16+2x32:eig:s8:pr:t4|2x64").all.side[0];
+  const SideRecipe finer = Parse("4x16+4x16+3x32:eig:s8:pr|2x64").all.side[0];
+  EXPECT_EQ(boost.boost_rows, 4);
+  // 4 rows of 64 get a bit on the 48 channels below 4 bits, plus four 6-bit positions.
+  EXPECT_DOUBLE_EQ(SideRecipeBits(boost, 64, 64),
+                   SideRecipeBits(base, 64, 64) + (4 * 48 + 24) / 64.0 / 64);
+  std::string error;
+  HistoryCodec c;
+  EXPECT_FALSE(ParseHistoryCodec("2x64:t0|2x64", 64, &c, &error));
+  EXPECT_FALSE(ParseHistoryCodec("2x64:t64|2x64", 64, &c, &error));
+
+  // Rows with heavy-tailed magnitudes and mismatched region energies, so some rows cost more.
+  std::vector<float> x = GaussianRows(n, d, 31);
+  std::mt19937 rng(4);
+  std::student_t_distribution<float> heavy(3.0f);
+  for (float& v : x) v *= std::fabs(heavy(rng)) + 0.3f;
+  std::vector<float> a(x.size()), b(x.size()), f(x.size());
+  FakeQuantSide(x.data(), n, d, 64, base, 1.0f, 0, a.data());
+  FakeQuantSide(x.data(), n, d, 64, boost, 1.0f, 0, b.data());
+  FakeQuantSide(x.data(), n, d, 64, finer, 1.0f, 0, f.data());
+  int changed = 0;
+  for (int t = 0; t < n; ++t) {
+    const bool same = std::equal(a.begin() + t * d, a.begin() + (t + 1) * d, b.begin() + t * d);
+    if (same) continue;
+    ++changed;
+    for (int i = 0; i < d; ++i) ASSERT_EQ(b[t * d + i], f[t * d + i]) << t << " " << i;
+  }
+  EXPECT_EQ(changed, 4);
+  EXPECT_LT(RelMse(x, b), 0.95 * RelMse(x, a));
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels

@@ -17,7 +17,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "calibration/evaluate.h"
 #include "calibration/layer_ranking.h"
 #include "calibration/text_corpus.h"
+#include "engine/rotations.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/kvstrata/commands.h"
 #include "tools/kvstrata/engine_flags.h"
@@ -42,6 +45,9 @@ ABSL_FLAG(std::string, formats, "",
 ABSL_FLAG(std::string, contexts, "1024,2048,4096,8192", "comma-separated context lengths");
 ABSL_FLAG(std::string, windows, "1",
           "windows of evaluation text per context: one count for all, or one per --contexts");
+ABSL_FLAG(int, first_window, 0,
+          "skip this many windows of each context first (MakeWindows order), e.g. to measure a "
+          "sensitivity on further windows of the calibration text");
 ABSL_FLAG(int, chunk, 512, "tokens per forward pass (does not change the numbers)");
 ABSL_FLAG(int, threads, 2,
           "formats evaluated concurrently (each with single-threaded BLAS; 1 = one format at a "
@@ -73,10 +79,28 @@ ABSL_FLAG(std::string, rank_tiers, "",
           "--layer-sensitivity: N=RECIPE(;N=RECIPE)*, consecutive stretches of the ranking from "
           "the most sensitive layer down (RECIPE K|V, or base), in the ranking of the first "
           "--formats entry at the first --contexts entry; prints the codec spec");
-ABSL_FLAG(std::string, spec_out, "", "--rank-tiers: also write the codec spec to this file");
+ABSL_FLAG(std::string, spec_out, "",
+          "--rank-tiers or --allocate-bits: also write the codec spec to this file");
+ABSL_FLAG(double, allocate_bits, 0.0,
+          "--layer-sensitivity --rank-by next-token-kl: instead of --rank-tiers, give every "
+          "layer's keys (and, with --value-sensitivity-from, values) the rung of "
+          "--key-ladder (--value-ladder) that minimises the predicted KL within this many "
+          "history bits per element (calibration/layer_ranking.h, AllocateBits); the measured "
+          "format is the keys' sensitivity under --tier-base");
+ABSL_FLAG(std::string, key_ladder, "",
+          "--allocate-bits: ;-separated key recipes besides --tier-base's own");
+ABSL_FLAG(std::string, value_ladder, "",
+          "--allocate-bits: ;-separated value recipes besides --tier-base's own");
+ABSL_FLAG(std::string, value_sensitivity_from, "",
+          "--allocate-bits: the values' per-layer next-token KL, an earlier --layer-sensitivity "
+          "--rank-by next-token-kl --json report (of a bf16|VALUES codec), or several averaged");
+ABSL_FLAG(std::string, rotations_out, "",
+          "--rank-tiers or --allocate-bits: write a copy of --rotations that carries the codec "
+          "spec (its history_codec field, docs/rotation-file.md) and how it was chosen");
 ABSL_FLAG(std::string, sensitivity_from, "",
           "--layer-sensitivity: rank from this earlier --layer-sensitivity --json report instead "
-          "of measuring again (give the --rank-by it was measured for)");
+          "of measuring again (give the --rank-by it was measured for); several comma-separated "
+          "reports of the same measurement on other windows are averaged, window-weighted");
 // --json (write the results as JSON to this file) is defined by bench_engine.cc: absl flags are
 // global to the binary.
 ABSL_DECLARE_FLAG(std::string, json);
@@ -147,6 +171,84 @@ absl::StatusOr<calibration::EvalReport> MeasureFormats(
   });
 }
 
+// Reads comma-separated --layer-sensitivity --json reports of the same measurement on other
+// windows (--first-window) and merges them into one: every result's numbers become the
+// window-weighted means (each window scores as many positions), its windows the sum.
+absl::StatusOr<calibration::EvalReport> ReadSensitivityReports(const std::string& paths) {
+  std::optional<calibration::EvalReport> merged;
+  for (absl::string_view part : absl::StrSplit(paths, ',', absl::SkipEmpty())) {
+    const std::string path(part);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read"));
+    absl::StatusOr<calibration::EvalReport> r = calibration::ParseEvalReportJson(text.str());
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", r.status().message()));
+    if (!merged) {
+      merged = std::move(*r);
+      continue;
+    }
+    if (r->results.size() != merged->results.size() ||
+        r->options.attention_only != merged->options.attention_only) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": not the same measurement as the first report"));
+    }
+    for (size_t i = 0; i < r->results.size(); ++i) {
+      calibration::EvalResult& m = merged->results[i];
+      const calibration::EvalResult& e = r->results[i];
+      if (e.format != m.format || e.context != m.context ||
+          e.layer_score_kl.size() != m.layer_score_kl.size() ||
+          e.layer_output_rel_error.size() != m.layer_output_rel_error.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": result ", i, " is ", e.format,
+                                                       " at ", e.context, ", not ", m.format,
+                                                       " at ", m.context));
+      }
+      const double wm = m.windows, we = e.windows;
+      const auto mix = [&](double a, double b) { return (wm * a + we * b) / (wm + we); };
+      m.kl_mean = mix(m.kl_mean, e.kl_mean);
+      for (size_t l = 0; l < m.layer_score_kl.size(); ++l) {
+        m.layer_score_kl[l] = mix(m.layer_score_kl[l], e.layer_score_kl[l]);
+      }
+      for (size_t l = 0; l < m.layer_output_rel_error.size(); ++l) {
+        m.layer_output_rel_error[l] = mix(m.layer_output_rel_error[l], e.layer_output_rel_error[l]);
+      }
+      m.windows += e.windows;
+    }
+  }
+  if (!merged) return absl::InvalidArgumentError("no report given");
+  return *std::move(merged);
+}
+
+// The per-layer next-token KL of --layer-sensitivity --rank-by next-token-kl reports.
+absl::StatusOr<std::vector<double>> ReadNextTokenSensitivity(const std::string& paths,
+                                                             int num_layers) {
+  absl::StatusOr<calibration::EvalReport> r = ReadSensitivityReports(paths);
+  if (!r.ok()) return r.status();
+  const std::string path = paths;
+  if (r->options.attention_only || static_cast<int>(r->results.size()) != num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a next-token-KL sensitivity with one result per layer"));
+  }
+  std::vector<double> out;
+  for (const calibration::EvalResult& e : r->results) out.push_back(e.kl_mean);
+  return out;
+}
+
+// A copy of the rotation file at `from` whose metadata carries the chosen codec.
+absl::Status WriteRotationsWithCodec(const std::string& from, const std::string& to,
+                                     const model::LoadedModel& model, const std::string& spec,
+                                     const std::string& source) {
+  if (from.empty()) return absl::InvalidArgumentError("--rotations-out needs --rotations");
+  absl::StatusOr<engine::RotationSet> r =
+      engine::ReadRotationFile(from, model.config.num_layers, model.config.num_kv_heads,
+                               model.config.head_dim, model.fingerprint);
+  if (!r.ok()) return r.status();
+  engine::RotationFileInfo info = r->info;
+  info.history_codec = spec;
+  info.history_codec_source = source;
+  return engine::WriteRotationFile(to, *r, info);
+}
+
 int RunEval() {
   calibration::EvalOptions options;
   options.contexts.clear();
@@ -172,6 +274,10 @@ int RunEval() {
         absl::InvalidArgumentError("--windows: give one count, or one per --contexts entry"));
   }
   options.chunk = absl::GetFlag(FLAGS_chunk);
+  options.first_window = absl::GetFlag(FLAGS_first_window);
+  if (options.first_window < 0) {
+    return Fail(absl::InvalidArgumentError("--first-window must be >= 0"));
+  }
   options.attention_samples = absl::GetFlag(FLAGS_attention_samples);
   options.group_size = absl::GetFlag(FLAGS_group_size);
   options.threads = absl::GetFlag(FLAGS_threads);
@@ -209,6 +315,25 @@ int RunEval() {
     tiers = std::move(*t);
   }
 
+  const double allocate_bits = absl::GetFlag(FLAGS_allocate_bits);
+  if (allocate_bits != 0.0) {
+    if (!per_layer_forward || absl::GetFlag(FLAGS_tier_base).empty() || !tiers.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--allocate-bits needs --layer-sensitivity --rank-by next-token-kl and --tier-base, "
+          "and replaces --rank-tiers"));
+    }
+    if (!(allocate_bits > 0.0 && allocate_bits <= 16.0)) {
+      return Fail(absl::InvalidArgumentError("--allocate-bits must be in (0, 16]"));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_rotations_out).empty() && tiers.empty() && allocate_bits == 0.0) {
+    return Fail(
+        absl::InvalidArgumentError("--rotations-out needs --rank-tiers or --allocate-bits"));
+  }
+  // The text set a sensitivity was measured on, by name (the calibration set by default).
+  const std::string sensitivity_text =
+      std::filesystem::path(TextDirFromFlag("calibration")).filename().string();
+
   calibration::EvalRotationFiles files;
   files.per_head = absl::GetFlag(FLAGS_rotations);
   files.shared = absl::GetFlag(FLAGS_shared_rotations);
@@ -235,12 +360,7 @@ int RunEval() {
     if (!sensitivity) {
       return Fail(absl::InvalidArgumentError("--sensitivity-from needs --layer-sensitivity"));
     }
-    std::ifstream in(from);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in)
-      return Fail(absl::NotFoundError(absl::StrCat("--sensitivity-from ", from, ": cannot read")));
-    report = calibration::ParseEvalReportJson(text.str());
+    report = ReadSensitivityReports(from);
     if (report.ok() && per_layer_forward == report->options.attention_only) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "--sensitivity-from ", from, ": measured ",
@@ -304,19 +424,68 @@ int RunEval() {
         std::printf("\n");
       }
     }
+    std::string spec;
+    nlohmann::json source;  // how the spec was chosen, for the rotation file
+    source["rank_by"] = rank_by;
+    source["tier_base"] = absl::GetFlag(FLAGS_tier_base);
+    if (!measured.empty()) {
+      source["measured"] = {{"format", measured[0].label},
+                            {"context", measured[0].context},
+                            {"windows", measured[0].windows},
+                            {"text", sensitivity_text}};
+    }
     if (!tiers.empty()) {
-      absl::StatusOr<std::string> spec = calibration::TieredCodecSpec(
+      absl::StatusOr<std::string> tiered = calibration::TieredCodecSpec(
           absl::GetFlag(FLAGS_tier_base), tiers, first_ranking, (*model)->config.head_dim);
-      if (!spec.ok()) return Fail(spec.status());
-      std::printf("codec: %s\n", spec->c_str());
+      if (!tiered.ok()) return Fail(tiered.status());
+      spec = *tiered;
+      source["method"] = "rank-tiers";
+      source["rank_tiers"] = absl::GetFlag(FLAGS_rank_tiers);
+      source["ranking"] = first_ranking;
+    } else if (allocate_bits > 0.0) {
+      std::vector<double> value_sensitivity;
+      if (const std::string from = absl::GetFlag(FLAGS_value_sensitivity_from); !from.empty()) {
+        absl::StatusOr<std::vector<double>> v = ReadNextTokenSensitivity(from, num_layers);
+        if (!v.ok()) return Fail(v.status());
+        value_sensitivity = std::move(*v);
+      }
+      const std::vector<std::string> key_ladder =
+          absl::StrSplit(absl::GetFlag(FLAGS_key_ladder), ';', absl::SkipEmpty());
+      const std::vector<std::string> value_ladder =
+          absl::StrSplit(absl::GetFlag(FLAGS_value_ladder), ';', absl::SkipEmpty());
+      absl::StatusOr<calibration::BitAllocation> a = calibration::AllocateBits(
+          measured[0].next_token_kl, value_sensitivity, absl::GetFlag(FLAGS_tier_base), key_ladder,
+          value_ladder, allocate_bits, (*model)->config.head_dim);
+      if (!a.ok()) return Fail(a.status());
+      spec = calibration::AllocationSpec(*a);
+      std::printf(
+          "allocation: predicted KL %.4e at %.4f history bits (base recipe everywhere: %.4e)\n",
+          a->predicted, a->bits, a->base_predicted);
+      source["method"] = "allocate-bits";
+      source["budget"] = allocate_bits;
+      source["key_ladder"] = key_ladder;
+      source["value_ladder"] = value_ladder;
+      source["key_sensitivity"] = measured[0].next_token_kl;
+      source["value_sensitivity"] = value_sensitivity;
+      source["predicted_kl"] = a->predicted;
+      source["bits"] = a->bits;
+    }
+    if (!spec.empty()) {
+      std::printf("codec: %s\n", spec.c_str());
       if (const std::string path = absl::GetFlag(FLAGS_spec_out); !path.empty()) {
         std::ofstream out(path, std::ios::trunc);
-        out << *spec << "\n";
+        out << spec << "\n";
         out.close();
         if (!out) {
           return Fail(absl::UnavailableError(absl::StrCat("--spec-out ", path, ": cannot write")));
         }
         std::printf("wrote %s\n", path.c_str());
+      }
+      if (const std::string path = absl::GetFlag(FLAGS_rotations_out); !path.empty()) {
+        absl::Status s = WriteRotationsWithCodec(absl::GetFlag(FLAGS_rotations), path, **model,
+                                                 spec, source.dump());
+        if (!s.ok()) return Fail(s);
+        std::printf("wrote %s (history_codec set)\n", path.c_str());
       }
     }
   } else {
