@@ -72,7 +72,7 @@ namespace {
 // Code bits per element of a regions recipe (no scales): what Δ compares.
 double CodeBits(const kernels::SideRecipe& r, int head_dim) {
   double bits = 0.0;
-  for (const kernels::CodecRegion& reg : r.regions) bits += double{reg.bits} * reg.channels;
+  for (const kernels::CodecRegion& reg : r.regions) bits += static_cast<double>(reg.bits) * reg.channels;
   return bits / head_dim;
 }
 
