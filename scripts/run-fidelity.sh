@@ -135,7 +135,7 @@ python3 scripts/fidelity_ci.py --vs P2w,turbo3 "$out"/fidelity2/r3cal-*-2k.json 
 # P2v comes from the rotation file that carries it (label=codec:@FILE).
 formats="turbo3,P2w=codec:$(cat "$out/fidelity2/P2w.codec")@$rot"
 formats="$formats,P2v=codec:@$r/SmolLM2-135M-Instruct.P2v.safetensors"
-for c in 1024,2048:8,4:1k2k 4096:6:4k 8192:6:8k; do
+for c in 1024,2048:8,4:1k2k 4096:6:4k 8192:2:8k; do
   IFS=: read -r ctx w tag <<< "$c"
   "$kv" eval --rotations "$rot" --formats "$formats" --contexts "$ctx" --windows "$w" \
     --json "$out/fidelity2/round3-$tag.json" > "$out/fidelity2/round3-$tag.txt"
