@@ -151,6 +151,16 @@ done
 "$kv" eval --rotations "$rot" --formats "P2vf=codec:@$r/SmolLM2-135M-Instruct.P2vf.safetensors" \
   --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round3c.json" \
   > "$out/fidelity2/round3c.txt"
+# P2vk: the same allocation with no key recipe below 2.63 b (the first four of the key ladder).
+"$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
+  --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json" \
+  --value-sensitivity-from "$out/fidelity2/sensitivity-v-kl-2k.json" --tier-base "$base" \
+  --allocate-bits 2.5 --key-ladder "$(cut -d';' -f1-4 <<< "$keys")" --value-ladder "$values" \
+  --spec-out "$out/fidelity2/P2vk.codec" \
+  --rotations-out "$r/SmolLM2-135M-Instruct.P2vk.safetensors" > "$out/fidelity2/P2vk.txt"
+"$kv" eval --rotations "$rot" --formats "P2vk=codec:@$r/SmolLM2-135M-Instruct.P2vk.safetensors" \
+  --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round3d.json" \
+  > "$out/fidelity2/round3d.txt"
 # On held-out text P2v's gain over P2w fell from about 25 % at 1K-2K to 8 % at 4K: its
 # sensitivities saw two calibration documents. Both sides measured again on the next two
 # windows (two more documents), averaged with the first two, allocated the same way: P2v4.
@@ -173,6 +183,7 @@ formats="P2v4=codec:@$r/SmolLM2-135M-Instruct.P2v4.safetensors"
 "$kv" eval --rotations "$rot" --formats "$formats" --contexts 8192 --windows 6 \
   --json "$out/fidelity2/round3b-8k.json" > "$out/fidelity2/round3b-8k.txt"
 python3 scripts/fidelity_ci.py --vs turbo3,P2w "$out"/fidelity2/round3-*.json \
-  "$out/fidelity2/round3c.json" "$out"/fidelity2/round3b-*.json > "$out/fidelity2/round3.md"
-scripts/plot-fidelity.sh --vs turbo3 --only P2w,P2v,P2v4 "$out/fidelity2/ratio.png" \
-  "$out"/fidelity2/round3-*.json "$out"/fidelity2/round3b-*.json
+  "$out/fidelity2/round3c.json" "$out/fidelity2/round3d.json" "$out"/fidelity2/round3b-*.json \
+  > "$out/fidelity2/round3.md"
+scripts/plot-fidelity.sh --vs turbo3 --only P2w,P2v,P2vk,P2v4 "$out/fidelity2/ratio.png" \
+  "$out"/fidelity2/round3-*.json "$out/fidelity2/round3d.json" "$out"/fidelity2/round3b-*.json
