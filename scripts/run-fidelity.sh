@@ -3,7 +3,7 @@
 # committed default under rotations/ and the ablations under the cache folder), evaluates every
 # KV format at 1K-8K context, and plots the result. About 15 min of calibration and 30-40 min of
 # evaluation on 2 CPU cores, plus about 1 h for round 2 and 1 h for its calibration-chosen
-# boosts (docs/fidelity.md), and about 1.5 h for round 3 (docs/fidelity.md, "Round 3").
+# boosts (docs/fidelity.md), and about 2.5 h for round 3 (docs/fidelity.md, "Round 3").
 #   scripts/run-fidelity.sh [OUT_DIR]      (default: docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
