@@ -113,12 +113,25 @@ cal=$cache/text/calibration
 keys="4x64:eig:s8:pr;4x32+3x32:eig:s8:pr;4x16+3x32+2x16:eig:s8:pr;3x32+2x32:eig:s8:pr"
 keys="$keys;3x32+2x16+1x16:eig:s8:pr;3x16+2x32+1x16:eig:s8:pr"
 values="4x16+3x16+2x32:eig:s8:pr;3x32+2x32:eig:s8:pr;3x16+2x32+1x16:eig:s8:pr;2x32+1x32:eig:s8:pr"
-"$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
-  --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json" \
-  --value-sensitivity-from "$out/fidelity2/sensitivity-v-kl-2k.json" --tier-base "$base" \
-  --allocate-bits 2.5 --key-ladder "$keys" --value-ladder "$values" \
-  --spec-out "$out/fidelity2/P2v.codec" \
-  --rotations-out "$r/SmolLM2-135M-Instruct.P2v.safetensors" > "$out/fidelity2/P2v.txt"
+# allocate NAME KEY_LADDER VALUE_LADDER [KEY_SENSITIVITIES VALUE_SENSITIVITIES]: keys and values
+# allocated together within 2.5 bits from the next-token-KL sensitivities (default: the first
+# two calibration windows), written to fidelity2/NAME.codec and into a copy of the rotation file.
+allocate() {
+  "$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
+    --sensitivity-from "${4:-$out/fidelity2/sensitivity-kl-2k.json}" \
+    --value-sensitivity-from "${5:-$out/fidelity2/sensitivity-v-kl-2k.json}" \
+    --tier-base "$base" --allocate-bits 2.5 --key-ladder "$2" --value-ladder "$3" \
+    --spec-out "$out/fidelity2/$1.codec" \
+    --rotations-out "$r/SmolLM2-135M-Instruct.$1.safetensors" > "$out/fidelity2/$1.txt"
+}
+# held_out NAME TAG: the codec NAME's rotation file carries, on the held-out windows of every
+# round-3 figure (8 x 1K, 4 x 2K, 6 x 4K, 2 x 8K), into fidelity2/round3TAG.
+held_out() {
+  "$kv" eval --rotations "$rot" --formats "$1=codec:@$r/SmolLM2-135M-Instruct.$1.safetensors" \
+    --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round3$2.json" \
+    > "$out/fidelity2/round3$2.txt"
+}
+allocate P2v "$keys" "$values"
 # The options on the calibration text: 2 windows of 2K (the sensitivities' own windows), and
 # the survivors on 2 windows of 4K. Each .formats file is the --formats list of its run.
 for s in jb opts1 P2v opts2 opts3; do
@@ -140,30 +153,15 @@ for c in 1024,2048:8,4:1k2k 4096:6:4k 8192:2:8k; do
   "$kv" eval --rotations "$rot" --formats "$formats" --contexts "$ctx" --windows "$w" \
     --json "$out/fidelity2/round3-$tag.json" > "$out/fidelity2/round3-$tag.txt"
 done
-# The control P2vf: the same allocation with the values floored at the base recipe (the value
-# ladder without 2x32+1x32), so the bits come from keys instead.
-"$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
-  --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json" \
-  --value-sensitivity-from "$out/fidelity2/sensitivity-v-kl-2k.json" --tier-base "$base" \
-  --allocate-bits 2.5 --key-ladder "$keys" --value-ladder "${values%;*}" \
-  --spec-out "$out/fidelity2/P2vf.codec" \
-  --rotations-out "$r/SmolLM2-135M-Instruct.P2vf.safetensors" > "$out/fidelity2/P2vf.txt"
-"$kv" eval --rotations "$rot" --formats "P2vf=codec:@$r/SmolLM2-135M-Instruct.P2vf.safetensors" \
-  --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round3c.json" \
-  > "$out/fidelity2/round3c.txt"
-# P2vk: the same allocation with no key recipe below 2.63 b (the first four of the key ladder).
-"$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
-  --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json" \
-  --value-sensitivity-from "$out/fidelity2/sensitivity-v-kl-2k.json" --tier-base "$base" \
-  --allocate-bits 2.5 --key-ladder "$(cut -d';' -f1-4 <<< "$keys")" --value-ladder "$values" \
-  --spec-out "$out/fidelity2/P2vk.codec" \
-  --rotations-out "$r/SmolLM2-135M-Instruct.P2vk.safetensors" > "$out/fidelity2/P2vk.txt"
-"$kv" eval --rotations "$rot" --formats "P2vk=codec:@$r/SmolLM2-135M-Instruct.P2vk.safetensors" \
-  --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round3d.json" \
-  > "$out/fidelity2/round3d.txt"
-# On held-out text P2v's gain over P2w fell from about 25 % at 1K-2K to 8 % at 4K: its
-# sensitivities saw two calibration documents. Both sides measured again on the next two
-# windows (two more documents), averaged with the first two, allocated the same way: P2v4.
+# The control P2vf: the values floored at the base recipe (the value ladder without its last,
+# 2x32+1x32), so the bits come from keys instead.
+allocate P2vf "$keys" "${values%;*}"
+held_out P2vf c
+# P2vk: no key recipe below 2.63 b (the first four of the key ladder).
+allocate P2vk "$(cut -d';' -f1-4 <<< "$keys")" "$values"
+held_out P2vk d
+# P2v's sensitivities saw two calibration documents. Both sides measured again on the next
+# two windows (two more documents), averaged with the first two, allocated as P2v: P2v4.
 for side in "K=codec:${base%|*}|bf16" "V=codec:bf16|${base#*|}"; do
   tag=$([[ $side == K=* ]] && echo kl || echo v-kl)
   "$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
@@ -171,19 +169,11 @@ for side in "K=codec:${base%|*}|bf16" "V=codec:bf16|${base#*|}"; do
     --attention-samples 0 --json "$out/fidelity2/sensitivity-$tag-2k-w34.json" \
     > "$out/fidelity2/sensitivity-$tag-2k-w34.txt"
 done
-"$kv" eval --layer-sensitivity --rank-by next-token-kl --rotations "$rot" \
-  --sensitivity-from "$out/fidelity2/sensitivity-kl-2k.json,$out/fidelity2/sensitivity-kl-2k-w34.json" \
-  --value-sensitivity-from "$out/fidelity2/sensitivity-v-kl-2k.json,$out/fidelity2/sensitivity-v-kl-2k-w34.json" \
-  --tier-base "$base" --allocate-bits 2.5 --key-ladder "$keys" --value-ladder "$values" \
-  --spec-out "$out/fidelity2/P2v4.codec" \
-  --rotations-out "$r/SmolLM2-135M-Instruct.P2v4.safetensors" > "$out/fidelity2/P2v4.txt"
-formats="P2v4=codec:@$r/SmolLM2-135M-Instruct.P2v4.safetensors"
-"$kv" eval --rotations "$rot" --formats "$formats" --contexts 1024,2048,4096 --windows 8,4,6 \
-  --json "$out/fidelity2/round3b-1k4k.json" > "$out/fidelity2/round3b-1k4k.txt"
-"$kv" eval --rotations "$rot" --formats "$formats" --contexts 8192 --windows 6 \
-  --json "$out/fidelity2/round3b-8k.json" > "$out/fidelity2/round3b-8k.txt"
+allocate P2v4 "$keys" "$values" \
+  "$out/fidelity2/sensitivity-kl-2k.json,$out/fidelity2/sensitivity-kl-2k-w34.json" \
+  "$out/fidelity2/sensitivity-v-kl-2k.json,$out/fidelity2/sensitivity-v-kl-2k-w34.json"
+held_out P2v4 b
 python3 scripts/fidelity_ci.py --vs turbo3,P2w "$out"/fidelity2/round3-*.json \
-  "$out/fidelity2/round3c.json" "$out/fidelity2/round3d.json" "$out"/fidelity2/round3b-*.json \
-  > "$out/fidelity2/round3.md"
+  "$out"/fidelity2/round3[bcd].json > "$out/fidelity2/round3.md"
 scripts/plot-fidelity.sh --vs turbo3 --only P2w,P2v,P2vk,P2v4 "$out/fidelity2/ratio.png" \
-  "$out"/fidelity2/round3-*.json "$out/fidelity2/round3d.json" "$out"/fidelity2/round3b-*.json
+  "$out"/fidelity2/round3-*.json "$out"/fidelity2/round3[bd].json
