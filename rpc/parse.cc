@@ -49,42 +49,37 @@ class Walker {
     return path.empty() ? std::string(name) : absl::StrCat(path, ".", name);
   }
 
-  // A tag as the parser reads one: a varint of at most 5 bytes that fits in 32 bits (the stream's
-  // own ReadTag accepts longer ones and drops the high bits). 0 when it is not; `in` is advanced
-  // past a valid tag.
-  static uint32_t ReadTag(const uint8_t* p, int available, CodedInputStream& in) {
-    uint32_t tag = 0;
+  // A varint of at most 5 bytes whose fifth byte is below `fifth_limit`, as the parser reads
+  // tags (limit 0x10: 32 bits) and lengths (0x08: under 2 GiB); CodedInputStream's own readers
+  // accept longer ones and drop the high bits. False when it is not; `in` is advanced past it.
+  static bool ReadShortVarint(const uint8_t* p, int available, uint32_t fifth_limit,
+                              CodedInputStream& in, uint32_t* value) {
+    uint32_t v = 0;
     for (int i = 0; i < 5 && i < available; ++i) {
       const uint32_t byte = p[i];
-      if (i == 4 && byte >= 0x10) return 0;
-      tag |= (byte & 0x7f) << (7 * i);
+      if (i == 4 && byte >= fifth_limit) return false;
+      v |= (byte & 0x7f) << (7 * i);
       if ((byte & 0x80) == 0) {
         in.Skip(i + 1);
-        return tag;
-      }
-    }
-    return 0;
-  }
-
-  // A length as the parser reads one: a varint of at most 5 bytes whose value is under 2 GiB
-  // (the stream's own ReadVarint32 accepts up to 10 bytes). False when it is not; `in` is
-  // advanced past a valid length.
-  static bool ReadLength(const uint8_t* p, int available, CodedInputStream& in,
-                         uint32_t* length) {
-    uint32_t value = 0;
-    for (int i = 0; i < 5 && i < available; ++i) {
-      const uint32_t byte = p[i];
-      if (i == 4 && byte >= 0x08) return false;
-      value |= (byte & 0x7f) << (7 * i);
-      if ((byte & 0x80) == 0) {
-        // The parser also refuses lengths within its 16 slop bytes of INT32_MAX.
-        if (value > static_cast<uint32_t>(INT32_MAX - 16)) return false;
-        in.Skip(i + 1);
-        *length = value;
+        *value = v;
         return true;
       }
     }
     return false;
+  }
+
+  // A tag as the parser reads one; 0 when it is not.
+  static uint32_t ReadTag(const uint8_t* p, int available, CodedInputStream& in) {
+    uint32_t tag = 0;
+    return ReadShortVarint(p, available, 0x10, in, &tag) ? tag : 0;
+  }
+
+  // A length as the parser reads one: it also refuses lengths within its 16 slop bytes of
+  // INT32_MAX.
+  static bool ReadLength(const uint8_t* p, int available, CodedInputStream& in,
+                         uint32_t* length) {
+    return ReadShortVarint(p, available, 0x08, in, length) &&
+           *length <= static_cast<uint32_t>(INT32_MAX - 16);
   }
 
   static bool IsLengthDelimited(const FieldDescriptor& f) {
