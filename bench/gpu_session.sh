@@ -12,6 +12,8 @@
 # model, runs the kernel GPU tests and the NCCL transport's one-GPU tests. stage: keeps one
 # more part.
 # gemv:    after kernels: kvstrata_bench_gemv, the decode GEMV's launch variants side by side.
+# int2:    after kernels: the INT2 history kernel's variants side by side, and their Nsight
+#          Compute counts (KVSTRATA_INT2_STEPS picks them; extra arguments go to the benchmark).
 # attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
 #          BF16, every step of the kernel round side by side) and bench/torch_sdpa_bench.py
 #          (cuDNN and flash on the same shapes), in one call; bench/report.py makes the tables.
@@ -24,7 +26,7 @@
 #          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bench/gpu_session.sh pack|kernels|attention|stage N|engine|transport}
+step=${1:?usage: bench/gpu_session.sh pack|kernels|gemv|int2|attention|stage N|engine|transport}
 work=/tmp/kvstrata-gpu
 out=${OUT:-bench-out}
 mkdir -p "$out"
@@ -99,6 +101,30 @@ case $step in
     kvstrata_bench_attention "${@:2}" >"$out/kvstrata_attention.jsonl" || exit 1
     python3 bench/torch_sdpa_bench.py >"$out/torch_attention.jsonl" || exit 1
     python3 bench/report.py "$out"
+    ;;
+  int2)
+    # The INT2 history kernel's variants side by side (kvstrata_bench_attention --int2_steps:
+    # indices into its kInt2Steps), then Nsight Compute's counts for each at batch 1 and 32 /
+    # 128K (instructions, issue rate, resident warps, DRAM), one variant per profiled run.
+    source "$work/device/env.sh"
+    steps=${KVSTRATA_INT2_STEPS:-3,5,4,6}
+    kvstrata_bench_attention --formats int2 --int2_steps "$steps" "${@:2}" \
+      >"$out/kvstrata_attention.jsonl" || exit 1
+    python3 bench/int2_steps.py "$out/kvstrata_attention.jsonl"
+    command -v ncu >/dev/null || { echo "no ncu on this machine"; exit 0; }
+    metrics=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active
+    metrics+=,sm__warps_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
+    metrics+=,launch__registers_per_thread,launch__grid_size
+    for b in 1 32; do
+      for s in ${steps//,/ }; do
+        echo "== batch $b, step $s" >>"$out/ncu_int2.txt"
+        ncu --clock-control none --kernel-name regex:Int2HistoryKernel --launch-count 1 \
+          --metrics "$metrics" kvstrata_bench_attention --formats int2 --shapes qwen3-8b \
+          --batches "$b" --contexts 131072 --iters 2 --int2_steps "$s" >>"$out/ncu_int2.txt" 2>&1
+      done
+    done
+    grep -E "^== |Int2HistoryKernel<|gpu__time|inst_executed|issue_active|warps_active|dram__|registers|grid_size" \
+      "$out/ncu_int2.txt"
     ;;
   stage)
     part=${2:?usage: bench/gpu_session.sh stage N}

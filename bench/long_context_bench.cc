@@ -67,6 +67,9 @@ ABSL_FLAG(bool, gpu_gemv, true,
 ABSL_FLAG(bool, gpu_gemv_overlap, true,
           "the GEMV streams its first weights while the kernel before it finishes "
           "(programmatic dependent launch); EngineOptions::gpu_gemv_overlap");
+ABSL_FLAG(bool, gpu_int2_quick_start, true,
+          "the INT2 history kernel's quick start (one page per warp before the queries, 16-byte "
+          "query loads); EngineOptions::gpu_int2_quick_start");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
@@ -396,6 +399,7 @@ int Main() {
     o.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
     o.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
     o.gpu_gemv_overlap = absl::GetFlag(FLAGS_gpu_gemv_overlap);
+    o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

@@ -295,6 +295,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.small_batch_gemv = options.gpu_gemv;
     cuda.gemv_overlap = options.gpu_gemv_overlap;
     cuda.fused_layer_ops = options.gpu_fused_layer_ops;
+    cuda.int2_quick_start = options.gpu_int2_quick_start;
     cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;
     cuda.max_items = options.scheduler.max_running;

@@ -44,6 +44,8 @@ struct CudaBackendOptions {
   // One GEMM for q, k and v and one for gate and up, and the launches between them merged
   // (EngineOptions::gpu_fused_layer_ops).
   bool fused_layer_ops = true;
+  // The INT2 history kernel's quick start (EngineOptions::gpu_int2_quick_start).
+  bool int2_quick_start = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

@@ -239,9 +239,12 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
   }
   d.out = decode_out_.as<float>();
   d.lse = nullptr;
+  kernels::SplitDecodeVariant variant;
+  variant.int2_quick_start = options_.int2_quick_start;
   plan->decode_plan =
       kernels::PlanSplitDecode(plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim, h.max_history,
-                               h.max_window_pages, num_sms_, decode_ctas_per_sm_, encodings[1]);
+                               h.max_window_pages, num_sms_, decode_ctas_per_sm_, encodings[1],
+                               variant);
   if (plan->decode_plan.workspace_bytes > max_split_workspace_) {
     return absl::InternalError("split decode workspace too small for this batch");
   }

@@ -222,7 +222,7 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
 template <int D, bool Overlap>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
-                      Workspace ws) {
+                      Workspace ws, bool quick_start) {
   const int h = blockIdx.y, b = blockIdx.z;
   // The staging area: INT2 pages in flight, or one BF16 window page.
   constexpr int kStagingBytes = kWarps * kStages * kStageBytes<D> > kBf16StageBytes<D>
@@ -246,6 +246,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __shared__ uint64_t s_bar[kWarps][kStages];
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ float s_q[kMaxGroup][D];
+  __shared__ float s_sumq[kMaxGroup], s_sumq4[kMaxGroup];
   // After the page loop the staging area holds the warps' outputs.
   float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(s_stage);
   static_assert(kWarps * kMaxGroup * D * 4 <= kStagingBytes, "staging area");
@@ -268,15 +269,61 @@ __global__ void __launch_bounds__(kThreads, 3)
     BulkCopy(dst, base + k_offset, block_bytes, bar);
     BulkCopy(dst + block_bytes, base + v_offset, block_bytes, bar);
   };
+  // quick_start: one page per warp in the launch's first burst of copies (the second is asked
+  // for once the queries are in), so first pages land sooner; the queries come in 16-byte loads
+  // and their sums from shuffles instead of a loop over shared memory.
+  const bool quick = quick_start && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;
   if (lane == 0) {
     for (int i = 0; i < kStages; ++i) BarrierInit(&s_bar[warp][i]);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int i = 0; i < kStages && i < my_pages; ++i) issue(i);
+    for (int i = 0; i < (quick ? 1 : kStages) && i < my_pages; ++i) issue(i);
   }
 
   // Queries of this KV head's group, scaled for exp2.
   const float qscale = p.sm_scale * kLog2e;
-  for (int i = threadIdx.x; i < kMaxGroup * D; i += kThreads) {
+  float sumq[2], sumq4[2];
+  if (quick) {
+    constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
+    const int n = threadIdx.x / kLanesPerHead, d0 = threadIdx.x % kLanesPerHead * 8;
+    float part_q = 0.0f, part_q4 = 0.0f;
+    if (n < kMaxGroup) {
+      float v[8] = {};
+      if (n < G) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(
+            p.q + (int64_t{b} * p.num_q_heads + h * G + n) * D + d0);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[2 * j] = __uint_as_float(w[j] << 16) * qscale;
+          v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u) * qscale;
+        }
+      }
+      *reinterpret_cast<float4*>(&s_q[n][d0]) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(&s_q[n][d0 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        part_q += v[j];
+        part_q4 += __half2float(__float2half_rn(v[j] * PairWeightInv(KPairOf(d0 + j))));
+      }
+    }
+#pragma unroll
+    for (int x = 1; x < kLanesPerHead; x <<= 1) {
+      part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
+      part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, x);
+    }
+    if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) {
+      s_sumq[n] = part_q;
+      s_sumq4[n] = part_q4;
+    }
+    __syncthreads();
+    if (lane == 0 && 1 < my_pages) issue(1);
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      sumq[col] = s_sumq[2 * t + col];
+      sumq4[col] = s_sumq4[2 * t + col];
+    }
+  }
+  for (int i = threadIdx.x; !quick && i < kMaxGroup * D; i += kThreads) {
     const int n = i / D, d = i % D;
     float v = 0.0f;
     if (n < G) {
@@ -285,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     s_q[n][d] = v;
   }
-  __syncthreads();
+  if (!quick) __syncthreads();
   // B fragments of Q': (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), divided by the pair weights.
   uint32_t bq[D / 16][2];
 #pragma unroll
@@ -297,22 +344,23 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   // Σq and Σq' (the latter over the fp16 values the mma sees) per head: lane (g, t) sums a
   // quarter of head g's channels, the quad reduces, then each lane fetches heads 2t and 2t+1.
-  float part_q = 0.0f, part_q4 = 0.0f;
+  if (!quick) {
+    float part_q = 0.0f, part_q4 = 0.0f;
 #pragma unroll
-  for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) {
-    const float q = s_q[g][d];
-    part_q += q;
-    part_q4 += __half2float(__float2half_rn(q * PairWeightInv(KPairOf(d))));
-  }
-  part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
-  part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
-  part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 1);
-  part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 2);
-  float sumq[2], sumq4[2];
+    for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) {
+      const float q = s_q[g][d];
+      part_q += q;
+      part_q4 += __half2float(__float2half_rn(q * PairWeightInv(KPairOf(d))));
+    }
+    part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
+    part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
+    part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 1);
+    part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 2);
 #pragma unroll
-  for (int col = 0; col < 2; ++col) {
-    sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
-    sumq4[col] = __shfl_sync(0xffffffffu, part_q4, 4 * (2 * t + col));
+    for (int col = 0; col < 2; ++col) {
+      sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
+      sumq4[col] = __shfl_sync(0xffffffffu, part_q4, 4 * (2 * t + col));
+    }
   }
 
   WarpState<D> st;
@@ -669,11 +717,11 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
       Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
           p, plan.pages_per_split, ws);
     } else if (v.int2_overlap_pages) {
-      Int2HistoryKernel<D, true><<<history_grid, kThreads, 0, stream>>>(p, plan.pages_per_split,
-                                                                        window_ctas, ws);
+      Int2HistoryKernel<D, true><<<history_grid, kThreads, 0, stream>>>(
+          p, plan.pages_per_split, window_ctas, ws, v.int2_quick_start);
     } else {
-      Int2HistoryKernel<D, false><<<history_grid, kThreads, 0, stream>>>(p, plan.pages_per_split,
-                                                                         window_ctas, ws);
+      Int2HistoryKernel<D, false><<<history_grid, kThreads, 0, stream>>>(
+          p, plan.pages_per_split, window_ctas, ws, v.int2_quick_start);
     }
     if (window_ctas == 0) {
       if (v.bf16_tensor_cores) {

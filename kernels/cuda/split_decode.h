@@ -45,6 +45,11 @@ struct SplitDecodeVariant {
   // Measured on one H200: 6-10 % faster for head_dim 64 at batch 1, slower elsewhere (spills at
   // head_dim 128, 3 CTAs per multiprocessor instead of 4 at head_dim 64), so off by default.
   bool int2_overlap_pages = false;
+  // INT2 history: one page per warp in the launch's first burst of copies (the second once the
+  // queries are in), the queries read in 16-byte loads and summed by shuffles. Measured on one
+  // H200 (docs/benchmarks.md): 7-14 % faster per layer at batch 1 for the 8B shape, 3-8 % for
+  // head_dim 64, unchanged at batch 32 from 32K.
+  bool int2_quick_start = true;
 };
 
 struct SplitDecodePlan {

@@ -171,6 +171,8 @@ const SplitDecodeVariant kVariants[] = {
     {.fuse_window = false},
     {.bf16_max_pages_per_split = 2},
     {.int2_overlap_pages = true},
+    {.int2_quick_start = false},
+    {.int2_overlap_pages = true, .int2_quick_start = false},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
