@@ -10,7 +10,7 @@
 //
 //   kvstrata_bench_attention [--contexts 8192,32768,...] [--batches 1,8,32] [--iters N]
 //                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16]
-//                            [--int2_steps i,j]
+//                            [--int2_steps i,j] [--bf16_steps i,j]
 
 #include <cuda_runtime.h>
 
@@ -76,30 +76,44 @@ constexpr SplitDecodeVariant kBefore = {.bf16_tensor_cores = false,
                                         .parallel_merge = false,
                                         .bf16_max_pages_per_split = 0,
                                         .int2_overlap_pages = false,
-                                        .int2_quick_start = false};
+                                        .int2_quick_start = false,
+                                        .combine_head_weights = false};
 constexpr Step kInt2Steps[] = {
     {"before: separate fp32 window kernel, one thread per channel merge", kBefore},
     {"+ merge spread over the CTA",
      {.bf16_tensor_cores = false,
       .fuse_window = false,
       .int2_overlap_pages = false,
-      .int2_quick_start = false}},
+      .int2_quick_start = false,
+      .combine_head_weights = false}},
     {"+ window pages on tensor cores",
-     {.fuse_window = false, .int2_overlap_pages = false, .int2_quick_start = false}},
-    {"+ window pages in the history launch when few", {.int2_quick_start = false}},
+     {.fuse_window = false,
+      .int2_overlap_pages = false,
+      .int2_quick_start = false,
+      .combine_head_weights = false}},
+    {"+ window pages in the history launch when few",
+     {.int2_quick_start = false, .combine_head_weights = false}},
     {"+ next page's scores before this page's softmax (off by default)",
-     {.int2_overlap_pages = true, .int2_quick_start = false}},
-    {"+ quick start: one page per warp in the first burst, 16-byte query loads (default)", {}},
+     {.int2_overlap_pages = true, .int2_quick_start = false, .combine_head_weights = false}},
+    {"+ quick start: one page per warp in the first burst, 16-byte query loads",
+     {.combine_head_weights = false}},
+    {"+ warps combined with weights per head (default)", {}},
     {"quick start + next page's scores first (off by default)", {.int2_overlap_pages = true}},
 };
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},
-    {"tensor cores, ranges of any length", {.bf16_max_pages_per_split = 0}},
-    {"+ ranges of at most 64 pages (default)", {}},
+    {"tensor cores, ranges of any length",
+     {.bf16_max_pages_per_split = 0, .combine_head_weights = false}},
+    {"+ ranges of at most 64 pages", {.combine_head_weights = false}},
+    {"+ warps combined with weights per head (default)", {}},
 };
 
-// --int2_steps: the INT2 steps to run (indices into kInt2Steps); empty: all of them.
-std::vector<int> g_int2_steps;
+// --int2_steps, --bf16_steps: the steps to run (indices into kInt2Steps, kBf16Steps); empty:
+// all of them.
+std::vector<int> g_int2_steps, g_bf16_steps;
+bool Chosen(const std::vector<int>& steps, int k) {
+  return steps.empty() || std::find(steps.begin(), steps.end(), k) != steps.end();
+}
 
 std::vector<int32_t*> g_allocations;
 int32_t* Upload(const std::vector<int32_t>& v) {
@@ -242,10 +256,7 @@ void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
   const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * s.q_heads * d * 2;
   const double bf16_bytes = static_cast<double>(batch) * context * 2 * s.kv_heads * d * 2;
   for (int k = 0; k < static_cast<int>(std::size(kInt2Steps)); ++k) {
-    if (!g_int2_steps.empty() &&
-        std::find(g_int2_steps.begin(), g_int2_steps.end(), k) == g_int2_steps.end()) {
-      continue;
-    }
+    if (!Chosen(g_int2_steps, k)) continue;
     const Step& step = kInt2Steps[k];
     const SplitDecodePlan plan =
         PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
@@ -365,7 +376,9 @@ void RunBf16(const Shape& s, int batch, int context, int iters, int sms, double 
   const int d = s.head_dim;
   const double bytes = static_cast<double>(batch) * context * 2 * s.kv_heads * d * 2 +
                        static_cast<double>(batch) * s.q_heads * d * 2;
-  for (const Step& step : kBf16Steps) {
+  for (int k = 0; k < static_cast<int>(std::size(kBf16Steps)); ++k) {
+    if (!Chosen(g_bf16_steps, k)) continue;
+    const Step& step = kBf16Steps[k];
     const SplitDecodePlan plan =
         PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
                         SplitDecodeCtasPerSm(d, PageEncoding::kBf16, step.variant),
@@ -409,11 +422,13 @@ int main(int argc, char** argv) {
       budget_gb = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--int2_steps"))
       kvstrata::kernels::g_int2_steps = kvstrata::kernels::ParseList(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--bf16_steps"))
+      kvstrata::kernels::g_bf16_steps = kvstrata::kernels::ParseList(argv[i + 1]);
     else {
       std::fprintf(stderr,
                    "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N] "
                    "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16] [--bf16_budget_gb G] "
-                   "[--int2_steps i,j (indices of the INT2 steps, all by default)]\n",
+                   "[--int2_steps i,j] [--bf16_steps i,j] (indices of the steps; all by default)\n",
                    argv[i], argv[0]);
       return 2;
     }

@@ -13,7 +13,8 @@
 # more part.
 # gemv:    after kernels: kvstrata_bench_gemv, the decode GEMV's launch variants side by side.
 # int2:    after kernels: the INT2 history kernel's variants side by side, and their Nsight
-#          Compute counts (KVSTRATA_INT2_STEPS picks them; extra arguments go to the benchmark).
+#          Compute counts (KVSTRATA_INT2_STEPS picks them, KVSTRATA_BF16_STEPS adds BF16 history
+#          steps; extra arguments go to the benchmark).
 # attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
 #          BF16, every step of the kernel round side by side) and bench/torch_sdpa_bench.py
 #          (cuDNN and flash on the same shapes), in one call; bench/report.py makes the tables.
@@ -107,10 +108,12 @@ case $step in
     # indices into its kInt2Steps), then Nsight Compute's counts for each at batch 1 and 32 /
     # 128K (instructions, issue rate, resident warps, DRAM), one variant per profiled run.
     source "$work/device/env.sh"
-    steps=${KVSTRATA_INT2_STEPS:-3,5,4,6}
-    kvstrata_bench_attention --formats int2 --int2_steps "$steps" "${@:2}" \
-      >"$out/kvstrata_attention.jsonl" || exit 1
-    python3 bench/int2_steps.py "$out/kvstrata_attention.jsonl"
+    steps=${KVSTRATA_INT2_STEPS:-5,6}
+    bf16=()  # KVSTRATA_BF16_STEPS: BF16 history steps to run beside them (none by default)
+    [[ -n ${KVSTRATA_BF16_STEPS:-} ]] && bf16=(--bf16_steps "$KVSTRATA_BF16_STEPS")
+    kvstrata_bench_attention --formats "int2${bf16:+,bf16}" --int2_steps "$steps" "${bf16[@]}" \
+      "${@:2}" >"$out/kvstrata_attention.jsonl" || exit 1
+    python3 bench/steps_table.py "$out/kvstrata_attention.jsonl"
     command -v ncu >/dev/null || { echo "no ncu on this machine"; exit 0; }
     metrics=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active
     metrics+=,sm__warps_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed

@@ -703,6 +703,7 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
   Workspace ws;
   ws.window = plan.window_pages;
   ws.slots = plan.window_pages + plan.splits;
+  ws.head_weights = v.combine_head_weights;
   const int64_t rows = int64_t{p.batch} * g.num_kv_heads * ws.slots * kMaxGroup;
   ws.part_o = static_cast<float*>(workspace);
   ws.part_lse = ws.part_o + rows * g.head_dim;

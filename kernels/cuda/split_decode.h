@@ -50,6 +50,9 @@ struct SplitDecodeVariant {
   // H200 (docs/benchmarks.md): 7-14 % faster per layer at batch 1 for the 8B shape, 3-8 % for
   // head_dim 64, unchanged at batch 32 from 32K.
   bool int2_quick_start = true;
+  // The end of a history or window CTA: its warps' weights computed once per head, then float4
+  // sums (false: an exponent and a division per output channel).
+  bool combine_head_weights = true;
 };
 
 struct SplitDecodePlan {

@@ -20,6 +20,7 @@ struct Workspace {
   float* part_lse;  // [batch][kv_heads][slots][kMaxGroup]
   int slots;        // window pages (sink, then recent) and then the history ranges
   int window;       // the first `window` slots are BF16 pages
+  bool head_weights = true;  // CombineWarps: weights per (warp, head) first (SplitDecodeVariant)
 };
 
 __device__ __forceinline__ int64_t PartialRow(const Workspace& ws, int b, int kv_heads, int h,
@@ -35,6 +36,43 @@ __device__ __forceinline__ void CombineWarps(const float (*s_o)[kMaxGroup][D],
                                              const float (*s_m)[kMaxGroup],
                                              const float (*s_l)[kMaxGroup], int G, int64_t row0,
                                              const Workspace& ws) {
+  if (ws.head_weights) {
+    // Each head's warp weights exp2(m_w - M) / L once (a thread per head), then every output is
+    // four fused multiply-adds over float4s of s_o: no exponent, division or branch per channel.
+    __shared__ float s_f[kWarps][kMaxGroup];
+    if (threadIdx.x < G) {
+      const int n = threadIdx.x;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s_m[w][n]);
+      float f[kWarps], L = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        f[w] = s_m[w][n] == -INFINITY ? 0.0f : exp2f(s_m[w][n] - M);
+        L += f[w] * s_l[w][n];
+      }
+      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s_f[w][n] = f[w] * inv;
+      ws.part_lse[row0 + n] = L > 0.0f ? (M + log2f(L)) * kLn2 : -INFINITY;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D / 4; i += kThreads) {
+      const int n = i / (D / 4), d = 4 * (i % (D / 4));
+      float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = s_f[w][n];
+        const float4 x = *reinterpret_cast<const float4*>(&s_o[w][n][d]);
+        o.x += f * x.x;
+        o.y += f * x.y;
+        o.z += f * x.z;
+        o.w += f * x.w;
+      }
+      *reinterpret_cast<float4*>(ws.part_o + (row0 + n) * D + d) = o;
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < G * D; i += kThreads) {
     const int n = i / D, d = i % D;
     float M = -INFINITY;

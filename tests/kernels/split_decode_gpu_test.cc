@@ -173,6 +173,7 @@ const SplitDecodeVariant kVariants[] = {
     {.int2_overlap_pages = true},
     {.int2_quick_start = false},
     {.int2_overlap_pages = true, .int2_quick_start = false},
+    {.combine_head_weights = false},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
