@@ -276,6 +276,14 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
   for (const std::vector<float>* rot : {&r.k_rotation, &r.v_rotation}) {
     for (int64_t m = 0; m < L * H; ++m) {
       const float* R = rot->data() + m * d * d;
+      const char* which = rot == &r.k_rotation ? "k_rotation" : "v_rotation";
+      // A NaN would pass the orthogonality test below (every comparison with it is false).
+      for (int64_t i = 0; i < d * d; ++i) {
+        if (!std::isfinite(R[i])) {
+          return fail(absl::StrCat(which, " of layer ", m / H, " head ", m % H,
+                                   " holds a value that is not finite (", R[i], ")"));
+        }
+      }
       double worst = 0;
       for (int64_t i = 0; i < d; ++i) {
         for (int64_t j = i; j < d; ++j) {
@@ -285,8 +293,8 @@ absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_la
         }
       }
       if (!(worst <= 1e-3)) {
-        return fail(absl::StrCat(rot == &r.k_rotation ? "k_rotation" : "v_rotation", " of layer ",
-                                 m / H, " head ", m % H, " is not orthogonal (error ", worst, ")"));
+        return fail(absl::StrCat(which, " of layer ", m / H, " head ", m % H,
+                                 " is not orthogonal (error ", worst, ")"));
       }
     }
   }

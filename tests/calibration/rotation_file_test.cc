@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -179,6 +180,15 @@ TEST_F(RotationFileTest, RejectsWhatIsNotARotation) {
   r = Read(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("clip ratio 1.5 outside (0, 1]"));
+
+  // A NaN in a rotation: every comparison with it is false, so it must be refused on its own.
+  RotationSet nan = rotations_;
+  nan.k_rotation[(kDim * kDim) * 1 + 1] = std::nanf("");
+  ASSERT_TRUE(WriteRotationFile(bad, nan, Info()).ok());
+  r = Read(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("k_rotation of layer 0 head 1 holds a value that is not finite"));
 }
 
 TEST_F(RotationFileTest, RejectsOtherFiles) {
