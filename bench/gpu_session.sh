@@ -113,7 +113,7 @@ case $step in
     [[ -n ${KVSTRATA_BF16_STEPS:-} ]] && bf16=(--bf16_steps "$KVSTRATA_BF16_STEPS")
     kvstrata_bench_attention --formats "int2${bf16:+,bf16}" --int2_steps "$steps" "${bf16[@]}" \
       "${@:2}" >"$out/kvstrata_attention.jsonl" || exit 1
-    python3 bench/steps_table.py "$out/kvstrata_attention.jsonl"
+    python3 bench/report.py "$out" --steps
     command -v ncu >/dev/null || { echo "no ncu on this machine"; exit 0; }
     metrics=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active
     metrics+=,sm__warps_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed

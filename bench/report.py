@@ -3,9 +3,13 @@
 markdown tables of docs/benchmarks.md.
 
     bench/report.py DIR [INT2_STEP]
+    bench/report.py DIR --steps
 
 DIR holds kvstrata_attention.jsonl and torch_attention.jsonl. The first table of each shape
-shows the rows labelled "(default)", or for INT2 the step whose label contains INT2_STEP.
+shows the rows labelled "(default)", or for INT2 the step whose label contains INT2_STEP; the
+second, every step of the kernel round side by side, each with its time over its kernel's
+default step of the same run. --steps prints only the second (torch_attention.jsonl may then
+be absent: bench/gpu_session.sh int2).
 """
 import json
 import pathlib
@@ -24,7 +28,9 @@ def load(path):
     return rows
 
 
-INT2_STEP = sys.argv[2] if len(sys.argv) > 2 else None
+ARGS = [a for a in sys.argv[1:] if a != "--steps"]
+STEPS_ONLY = "--steps" in sys.argv[1:]
+INT2_STEP = ARGS[1] if len(ARGS) > 1 else None
 
 
 def is_default(r):
@@ -35,9 +41,9 @@ def is_default(r):
 
 
 def main():
-    d = pathlib.Path(sys.argv[1])
+    d = pathlib.Path(ARGS[0])
     ours = load(d / "kvstrata_attention.jsonl")
-    torch = load(d / "torch_attention.jsonl")
+    torch = load(d / "torch_attention.jsonl") if not STEPS_ONLY else []
     info = next(r for r in ours if "device" in r)
     copy = info["copy_tb_per_s"]
     base = {}
@@ -56,14 +62,15 @@ def main():
                if r.get("kernel") == "kvstrata-int2-history-only"}
     for shape, title in SHAPES.items():
         rows = [r for r in ours if r.get("shape") == shape and is_default(r)]
-        if not rows:
+        if not any(r.get("shape") == shape and "step" in r for r in ours):
             continue
         print(f"#### {title}\n")
-        print("| batch | context | INT2 split | bandwidth | BF16 paged (ours) | cuDNN BF16 | "
-              "flash BF16 | INT2 vs best torch | our BF16 vs cuDNN |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        if not STEPS_ONLY:
+            print("| batch | context | INT2 split | bandwidth | BF16 paged (ours) | cuDNN BF16 | "
+                  "flash BF16 | INT2 vs best torch | our BF16 vs cuDNN |")
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         bf16 = {(r["batch"], r["context"]): r for r in rows if r["kernel"] == "kvstrata-bf16-paged"}
-        for r in rows:
+        for r in [] if STEPS_ONLY else rows:
             if r["kernel"] != "kvstrata-int2-split":
                 continue
             cudnn = torch_us(shape, r, "torch-cudnn_attention")
@@ -77,7 +84,8 @@ def main():
                   f"{r['tb_per_s']:.2f} TB/s ({100 * r['tb_per_s'] / copy:.0f}%) | "
                   f"{fmt(ours_bf16)} ({bw}) | {fmt(cudnn)} | {fmt(flash)} | "
                   f"**{best / r['us_per_layer']:.2f}x** | {bf16_ratio} |")
-        print()
+        if not STEPS_ONLY:
+            print()
         steps = [r for r in ours if r.get("shape") == shape and "step" in r]
         names = []
         for r in steps:
@@ -87,15 +95,22 @@ def main():
         print("| kernel | step | " + " | ".join(f"b{b} {ctx(c)}" for b, c in keys) + " |")
         print("|---|---|" + "---:|" * len(keys))
         at = {(r["kernel"], r["step"], r["batch"], r["context"]): r for r in steps}
+        defaults = {k: s for k, s in names if s.endswith("(default)")}
         for kernel, step in names:
             cells = []
             for b, c in keys:
                 r = at.get((kernel, step, b, c))
-                cells.append(f"{r['us_per_layer']:.1f}" if r else "")
+                ref = at.get((kernel, defaults.get(kernel), b, c))
+                if not r:
+                    cells.append("")
+                elif ref and step != defaults.get(kernel):
+                    cells.append(f"{r['us_per_layer']:.1f} ({r['us_per_layer'] / ref['us_per_layer']:.2f})")
+                else:
+                    cells.append(f"{r['us_per_layer']:.1f}")
             label = "INT2" if "int2" in kernel else "BF16"
             print(f"| {label} | {step} | " + " | ".join(cells) + " |")
         print()
-        if any(k[0] == shape for k in history):
+        if not STEPS_ONLY and any(k[0] == shape for k in history):
             print("| batch | context | INT2 history kernel + merge alone | append (all layers) per "
                   "step | demotion of one page per sequence | demotion amortised per step |")
             print("|---:|---:|---:|---:|---:|---:|")

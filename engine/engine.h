@@ -87,7 +87,7 @@ struct EngineOptions {
   bool gpu_fused_layer_ops = true;
   // cuda: the INT2 history kernel asks for one page per warp before it reads the queries (the
   // second once they are in) and reads them in 16-byte loads (kernels::SplitDecodeVariant::
-  // int2_quick_start; 8-14 % off a batch-1 layer of the 8B shape); false: the former start.
+  // int2_quick_start; 7-14 % off a batch-1 layer of the 8B shape); false: the former start.
   bool gpu_int2_quick_start = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
