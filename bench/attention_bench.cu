@@ -10,7 +10,12 @@
 //
 //   kvstrata_bench_attention [--contexts 8192,32768,...] [--batches 1,8,32] [--iters N]
 //                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16]
-//                            [--int2_steps i,j] [--bf16_steps i,j]
+//                            [--rounds R] [--int2_steps i,j] [--bf16_steps i,j]
+//
+// The steps at one point (shape, batch, context) are timed in rotated rounds (--rounds, default
+// 4, rounded up to a multiple of the number of steps): every step runs first, second, ...
+// equally often, --iters graph replays per step are spread over the rounds, and a step's
+// us_per_layer is the median of its rounds (us_min, us_max and us_rounds beside it).
 
 #include <cuda_runtime.h>
 
@@ -128,9 +133,15 @@ void FreeUploads() {
   g_allocations.clear();
 }
 
-// Time per layer of `layers` launches (layers 0..layers-1) captured in one graph and replayed.
-double TimeLayers(SplitDecodeCudaParams p, const SplitDecodePlan& plan, void* ws, int layers,
-                  int iters, cudaStream_t stream) {
+void* Workspace(const SplitDecodePlan& plan) {
+  void* ws;
+  CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
+  return ws;
+}
+
+// The layers' launches (layers 0..layers-1) captured in one graph.
+cudaGraphExec_t CaptureLayers(SplitDecodeCudaParams p, const SplitDecodePlan& plan, void* ws,
+                              int layers, cudaStream_t stream) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -140,22 +151,105 @@ double TimeLayers(SplitDecodeCudaParams p, const SplitDecodePlan& plan, void* ws
   }
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  return exec;
+}
+
+// Time per layer of `iters` back-to-back replays of a graph of `layers` launches.
+double TimeReplays(cudaGraphExec_t exec, int layers, int iters, cudaStream_t stream) {
   cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0, stream);
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventRecord(e0, stream));
   for (int i = 0; i < iters; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  cudaEventRecord(e1, stream);
+  CHECK_CUDA(cudaEventRecord(e1, stream));
   CHECK_CUDA(cudaEventSynchronize(e1));
   float ms;
-  cudaEventElapsedTime(&ms, e0, e1);
+  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   return ms * 1e3 / (iters * layers);
+}
+
+// Time per layer of one plan's launches for `layers` layers, captured in one graph and replayed
+// `iters` times after one warm-up replay.
+double TimeLayers(SplitDecodeCudaParams p, const SplitDecodePlan& plan, void* ws, int layers,
+                  int iters, cudaStream_t stream) {
+  cudaGraphExec_t exec = CaptureLayers(p, plan, ws, layers, stream);
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const double us = TimeReplays(exec, layers, iters, stream);
+  cudaGraphExecDestroy(exec);
+  return us;
+}
+
+// --rounds: the steps at one point are timed in rounds, with no host work between them.
+// Round r runs the steps in their order starting at the (r mod n)-th of the n steps, so with
+// rounds a multiple of n (the count is rounded up to one) every step runs first, second, ...
+// equally often; each round times ceil(iters / rounds) replays of each step's graph. A step's
+// figure is the median of its rounds. (With the steps run one after the other, each once, the
+// first step at a point came out 5-9 % faster at batch 32 / 100K-128K whichever step it was:
+// docs/data/h200-attention-round3/order-control/.)
+int g_rounds = 4;
+struct Timing {
+  double median_us, min_us, max_us;
+  std::vector<double> rounds_us;  // in round order
+  int iters_per_round;
+};
+
+// Every step's graph is captured and instantiated, and replayed once to warm up, before any
+// timed replay, so that no host work (capture, instantiation, allocation) falls between them.
+std::vector<Timing> TimeStepsRotated(SplitDecodeCudaParams p,
+                                     const std::vector<SplitDecodePlan>& plans, int layers,
+                                     int iters, cudaStream_t stream) {
+  const int n = static_cast<int>(plans.size());
+  std::vector<Timing> out(n);
+  if (n == 0) return out;
+  const int rounds = (std::max(1, g_rounds) + n - 1) / n * n;
+  const int per_round = std::max(1, (iters + rounds - 1) / rounds);
+  std::vector<void*> ws(n);
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int k = 0; k < n; ++k) {
+    ws[k] = Workspace(plans[k]);
+    execs[k] = CaptureLayers(p, plans[k], ws[k], layers, stream);
+  }
+  for (int k = 0; k < n; ++k) CHECK_CUDA(cudaGraphLaunch(execs[k], stream));  // warm-up
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (int r = 0; r < rounds; ++r) {
+    for (int j = 0; j < n; ++j) {
+      const int k = (r + j) % n;
+      out[k].rounds_us.push_back(TimeReplays(execs[k], layers, per_round, stream));
+    }
+  }
+  for (int k = 0; k < n; ++k) {
+    Timing& t = out[k];
+    std::vector<double> v = t.rounds_us;
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size();
+    t.median_us = m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+    t.min_us = v.front();
+    t.max_us = v.back();
+    t.iters_per_round = per_round;
+    cudaGraphExecDestroy(execs[k]);
+    cudaFree(ws[k]);
+  }
+  return out;
+}
+
+// The JSON fields of a rotated timing (after us_per_layer's).
+std::string TimingFields(const Timing& t) {
+  std::string s;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "\"us_min\": %.2f, \"us_max\": %.2f, ", t.min_us, t.max_us);
+  s += buf;
+  std::snprintf(buf, sizeof buf, "\"rounds\": %zu, \"iters_per_round\": %d, \"us_rounds\": [",
+                t.rounds_us.size(), t.iters_per_round);
+  s += buf;
+  for (size_t i = 0; i < t.rounds_us.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.2f", i ? ", " : "", t.rounds_us[i]);
+    s += buf;
+  }
+  return s + "]";
 }
 
 // One layer's split cache for `batch` sequences of `context` tokens: BF16 sink and recent
@@ -235,12 +329,6 @@ void FreeCache(Cache& c) {
   FreeUploads();
 }
 
-void* Workspace(const SplitDecodePlan& plan) {
-  void* ws;
-  CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
-  return ws;
-}
-
 void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
   Cache c = MakeCache(s, s.layers, batch, context, /*bf16_history=*/false);
   SplitDecodeCudaParams& p = c.p;
@@ -255,23 +343,29 @@ void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
       static_cast<double>(batch) * (c.seg.sink + c.seg.recent) * 2 * s.kv_heads * d * 2;
   const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * s.q_heads * d * 2;
   const double bf16_bytes = static_cast<double>(batch) * context * 2 * s.kv_heads * d * 2;
+  std::vector<int> chosen;
+  std::vector<SplitDecodePlan> plans;
   for (int k = 0; k < static_cast<int>(std::size(kInt2Steps)); ++k) {
     if (!Chosen(g_int2_steps, k)) continue;
-    const Step& step = kInt2Steps[k];
-    const SplitDecodePlan plan =
-        PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
-                        SplitDecodeCtasPerSm(d, PageEncoding::kInt2Uniform, step.variant),
-                        PageEncoding::kInt2Uniform, step.variant);
-    void* ws = Workspace(plan);
-    const double us = TimeLayers(p, plan, ws, s.layers, iters, stream);
-    cudaFree(ws);
+    chosen.push_back(k);
+    plans.push_back(PlanSplitDecode(
+        batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
+        SplitDecodeCtasPerSm(d, PageEncoding::kInt2Uniform, kInt2Steps[k].variant),
+        PageEncoding::kInt2Uniform, kInt2Steps[k].variant));
+  }
+  const std::vector<Timing> times = TimeStepsRotated(p, plans, s.layers, iters, stream);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const Step& step = kInt2Steps[chosen[i]];
+    const SplitDecodePlan& plan = plans[i];
+    const double us = times[i].median_us;
     std::printf(
         "{\"kernel\": \"kvstrata-int2-split\", \"shape\": \"%s\", \"step\": \"%s\", \"batch\": %d, "
         "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, "
         "\"bf16_equivalent_bytes\": %.0f, \"splits\": %d, \"pages_per_split\": %d, "
-        "\"fused_window\": %s}\n",
+        "\"fused_window\": %s, %s}\n",
         s.name, step.name, batch, context, us, bytes, bytes / (us * 1e-6) / 1e12, bf16_bytes,
-        plan.splits, plan.pages_per_split, plan.fused_window ? "true" : "false");
+        plan.splits, plan.pages_per_split, plan.fused_window ? "true" : "false",
+        TimingFields(times[i]).c_str());
     std::fflush(stdout);
   }
   if (std::strcmp(s.name, "qwen3-8b") != 0) {
@@ -376,22 +470,27 @@ void RunBf16(const Shape& s, int batch, int context, int iters, int sms, double 
   const int d = s.head_dim;
   const double bytes = static_cast<double>(batch) * context * 2 * s.kv_heads * d * 2 +
                        static_cast<double>(batch) * s.q_heads * d * 2;
+  std::vector<int> chosen;
+  std::vector<SplitDecodePlan> plans;
   for (int k = 0; k < static_cast<int>(std::size(kBf16Steps)); ++k) {
     if (!Chosen(g_bf16_steps, k)) continue;
-    const Step& step = kBf16Steps[k];
-    const SplitDecodePlan plan =
-        PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
-                        SplitDecodeCtasPerSm(d, PageEncoding::kBf16, step.variant),
-                        PageEncoding::kBf16, step.variant);
-    void* ws = Workspace(plan);
-    const double us = TimeLayers(c.p, plan, ws, layers, iters, stream);
-    cudaFree(ws);
+    chosen.push_back(k);
+    plans.push_back(PlanSplitDecode(
+        batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
+        SplitDecodeCtasPerSm(d, PageEncoding::kBf16, kBf16Steps[k].variant), PageEncoding::kBf16,
+        kBf16Steps[k].variant));
+  }
+  const std::vector<Timing> times = TimeStepsRotated(c.p, plans, layers, iters, stream);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const Step& step = kBf16Steps[chosen[i]];
+    const SplitDecodePlan& plan = plans[i];
+    const double us = times[i].median_us;
     std::printf(
         "{\"kernel\": \"kvstrata-bf16-paged\", \"shape\": \"%s\", \"step\": \"%s\", \"batch\": %d, "
         "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, "
-        "\"distinct_layers\": %d, \"splits\": %d, \"pages_per_split\": %d}\n",
+        "\"distinct_layers\": %d, \"splits\": %d, \"pages_per_split\": %d, %s}\n",
         s.name, step.name, batch, context, us, bytes, bytes / (us * 1e-6) / 1e12, layers,
-        plan.splits, plan.pages_per_split);
+        plan.splits, plan.pages_per_split, TimingFields(times[i]).c_str());
     std::fflush(stdout);
   }
   cudaStreamDestroy(stream);
@@ -420,6 +519,8 @@ int main(int argc, char** argv) {
       formats = argv[i + 1];
     else if (!std::strcmp(argv[i], "--bf16_budget_gb"))
       budget_gb = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds"))
+      kvstrata::kernels::g_rounds = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--int2_steps"))
       kvstrata::kernels::g_int2_steps = kvstrata::kernels::ParseList(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--bf16_steps"))
@@ -428,7 +529,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N] "
                    "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16] [--bf16_budget_gb G] "
-                   "[--int2_steps i,j] [--bf16_steps i,j] (indices of the steps; all by default)\n",
+                   "[--rounds R] [--int2_steps i,j] [--bf16_steps i,j] (indices of the steps; "
+                   "all by default)\n",
                    argv[i], argv[0]);
       return 2;
     }

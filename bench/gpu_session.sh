@@ -12,9 +12,10 @@
 # model, runs the kernel GPU tests and the NCCL transport's one-GPU tests. stage: keeps one
 # more part.
 # gemv:    after kernels: kvstrata_bench_gemv, the decode GEMV's launch variants side by side.
-# int2:    after kernels: the INT2 history kernel's variants side by side, and their Nsight
-#          Compute counts (KVSTRATA_INT2_STEPS picks them, KVSTRATA_BF16_STEPS adds BF16 history
-#          steps; extra arguments go to the benchmark).
+# int2:    after kernels: the INT2 history kernel's variants side by side (in rotated rounds,
+#          every step first equally often), and their Nsight Compute counts
+#          (KVSTRATA_INT2_STEPS picks them, KVSTRATA_BF16_STEPS adds BF16 history steps,
+#          KVSTRATA_INT2_NCU=0 leaves Nsight Compute out; extra arguments go to the benchmark).
 # attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
 #          BF16, every step of the kernel round side by side) and bench/torch_sdpa_bench.py
 #          (cuDNN and flash on the same shapes), in one call; bench/report.py makes the tables.
@@ -114,6 +115,7 @@ case $step in
     kvstrata_bench_attention --formats "int2${bf16:+,bf16}" --int2_steps "$steps" "${bf16[@]}" \
       "${@:2}" >"$out/kvstrata_attention.jsonl" || exit 1
     python3 bench/report.py "$out" --steps
+    [[ ${KVSTRATA_INT2_NCU:-1} == 1 ]] || exit 0  # KVSTRATA_INT2_NCU=0: the timings alone
     command -v ncu >/dev/null || { echo "no ncu on this machine"; exit 0; }
     metrics=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active
     metrics+=,sm__warps_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -123,7 +125,8 @@ case $step in
         echo "== batch $b, step $s" >>"$out/ncu_int2.txt"
         ncu --clock-control none --kernel-name regex:Int2HistoryKernel --launch-count 1 \
           --metrics "$metrics" kvstrata_bench_attention --formats int2 --shapes qwen3-8b \
-          --batches "$b" --contexts 131072 --iters 2 --int2_steps "$s" >>"$out/ncu_int2.txt" 2>&1
+          --batches "$b" --contexts 131072 --iters 2 --rounds 1 --int2_steps "$s" \
+          >>"$out/ncu_int2.txt" 2>&1
       done
     done
     grep -E "^== |Int2HistoryKernel<|gpu__time|inst_executed|issue_active|warps_active|dram__|registers|grid_size" \
