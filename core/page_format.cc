@@ -15,7 +15,8 @@ using kernels::PageHeader;
 bool KnownEncoding(uint8_t e) {
   return e == static_cast<uint8_t>(PageEncoding::kBf16) ||
          e == static_cast<uint8_t>(PageEncoding::kInt2Uniform) ||
-         e == static_cast<uint8_t>(PageEncoding::kInt2LloydMax);
+         e == static_cast<uint8_t>(PageEncoding::kInt2LloydMax) ||
+         e == static_cast<uint8_t>(PageEncoding::kCodec);
 }
 
 int64_t FloatsPerPage(const KvGeometry& g) {
@@ -32,6 +33,8 @@ const char* PageEncodingName(PageEncoding encoding) {
       return "int2";
     case PageEncoding::kInt2LloydMax:
       return "int2-lloyd-max";
+    case PageEncoding::kCodec:
+      return "codec";
   }
   return "unknown";
 }
@@ -59,9 +62,9 @@ absl::Status ValidateGeometry(const KvGeometry& g, PageEncoding encoding) {
                                                    " for head_dim=", g.head_dim,
                                                    " (a multiple of 16 that divides head_dim)"));
   }
-  if (kernels::IsInt2(encoding) && g.page_tokens != 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_tokens=", g.page_tokens, " is unsupported for INT2 pages (64)"));
+  if ((kernels::IsInt2(encoding) || encoding == PageEncoding::kCodec) && g.page_tokens != 64) {
+    return absl::InvalidArgumentError(absl::StrCat("page_tokens=", g.page_tokens, " is unsupported for ",
+                                                   PageEncodingName(encoding), " pages (64)"));
   }
   return absl::OkStatus();
 }
@@ -70,6 +73,10 @@ absl::StatusOr<std::vector<uint8_t>> EncodePage(const PageSpec& spec, std::span<
                                                 ClipRatios clip_ratios) {
   const KvGeometry& g = spec.geometry;
   KV_RETURN_IF_ERROR(ValidateGeometry(g, spec.encoding));
+  if (spec.encoding == PageEncoding::kCodec) {
+    return absl::InvalidArgumentError(
+        "codec pages are laid out by their codec: the engine's KV cache encodes them");
+  }
   if (static_cast<int64_t>(kv.size()) != FloatsPerPage(g)) {
     return absl::InvalidArgumentError(absl::StrCat("kv has ", kv.size(), " floats; a page of ",
                                                    g.page_tokens, " tokens needs ",
@@ -164,14 +171,30 @@ absl::StatusOr<PageRef> ParsePage(std::span<const uint8_t> bytes) {
                             .page_tokens = h.page_tokens};
   if (!kernels::IsInt2(ref.encoding)) {
     if (h.group_size != 0) {
-      return absl::InvalidArgumentError("page header: group_size must be 0 for a bf16 page");
+      return absl::InvalidArgumentError(absl::StrCat("page header: group_size must be 0 for a ",
+                                                     PageEncodingName(ref.encoding), " page"));
     }
-    ref.geometry.group_size = h.head_dim;  // unused by BF16 blocks
+    ref.geometry.group_size = h.head_dim;  // unused by BF16 and codec blocks
   }
   if (absl::Status s = ValidateGeometry(ref.geometry, ref.encoding); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("page header: ", s.message()));
   }
-  const int64_t expect = kernels::PageBytes(ref.geometry, ref.encoding);
+  int64_t expect = kernels::PageBytes(ref.geometry, ref.encoding);
+  if (ref.encoding == PageEncoding::kCodec) {
+    // Its size depends on its codec, which only the engines of its namespace know (they check
+    // it); here it must be a multiple of 16 bytes, no larger than the BF16 page, and hold at
+    // least every block's row scales and one region ratio (kernels/codec_page.h).
+    const uint64_t bf16_body = static_cast<uint64_t>(
+        kernels::PageBytes(ref.geometry, PageEncoding::kBf16) - kernels::kPageHeaderBytes);
+    const uint64_t least = static_cast<uint64_t>(kernels::NumBlocks(ref.geometry)) *
+                           ((ref.geometry.page_tokens + 1 + 15) / 16 * 16);
+    if (h.body_bytes < least || h.body_bytes % 16 != 0 || h.body_bytes > bf16_body) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page header: body_bytes=", h.body_bytes, " for a codec page must be a multiple of 16 in [",
+          least, ", ", bf16_body, "]"));
+    }
+    expect = static_cast<int64_t>(h.body_bytes) + kernels::kPageHeaderBytes;
+  }
   if (h.body_bytes != static_cast<uint64_t>(expect - kernels::kPageHeaderBytes)) {
     return absl::InvalidArgumentError(absl::StrCat("page header: body_bytes=", h.body_bytes,
                                                    " but the shape needs ",
@@ -212,6 +235,10 @@ absl::Status CheckPageMatches(const PageRef& page, const KvGeometry& g, PageEnco
 
 absl::Status DecodePage(const PageRef& page, std::span<float> kv) {
   const KvGeometry& g = page.geometry;
+  if (page.encoding == PageEncoding::kCodec) {
+    return absl::FailedPreconditionError(
+        "a codec page decodes only with its codec (the engine's KV cache)");
+  }
   if (static_cast<int64_t>(kv.size()) != FloatsPerPage(g)) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv has ", kv.size(), " floats; the page holds ", FloatsPerPage(g)));

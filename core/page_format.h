@@ -38,6 +38,7 @@ using ClipRatios = std::span<const float>;
 
 // Encodes a page from float rows kv [num_layers][2][num_kv_heads][page_tokens][head_dim],
 // already rotated (k·R_K, v·R_V). Pages are always full: only full pages are keyed and stored.
+// BF16 and INT2 only (codec pages are laid out by engine/kv_cache.h).
 absl::StatusOr<std::vector<uint8_t>> EncodePage(const PageSpec& spec, std::span<const float> kv,
                                                 ClipRatios clip_ratios = {});
 
@@ -53,7 +54,9 @@ struct PageRef {
 };
 
 // Validates the header (magic, version, encoding, shape, reserved bytes) and that the buffer
-// length equals the header's size. Never reads out of bounds, whatever the bytes.
+// length equals the header's size. A codec page's size depends on its codec (the engine checks
+// it): here its body must be a multiple of 16 bytes, no larger than a BF16 page's and no smaller
+// than every block's row scales and one region ratio. Never reads out of bounds, whatever the bytes.
 absl::StatusOr<PageRef> ParsePage(std::span<const uint8_t> bytes);
 
 // Checks that a parsed page is the one a reader expects: same geometry, encoding and key.
@@ -61,6 +64,7 @@ absl::Status CheckPageMatches(const PageRef& page, const KvGeometry& geometry,
                               PageEncoding encoding, const PageKey& key);
 
 // Decodes every block back to float rows kv [num_layers][2][num_kv_heads][page_tokens][head_dim].
+// BF16 and INT2 only: FailedPrecondition for a codec page.
 absl::Status DecodePage(const PageRef& page, std::span<float> kv);
 
 const char* PageEncodingName(PageEncoding encoding);

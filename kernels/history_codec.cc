@@ -222,6 +222,10 @@ double NormalPdf(double x) {
 
 }  // namespace
 
+std::vector<float> CodecEigenbasis(int d, const std::vector<CodecRegion>& regions) {
+  return EigenbasisTransform(d, regions);
+}
+
 const SideRecipe& HistoryCodec::Side(int layer, int kind) const {
   for (auto it = overrides.rbegin(); it != overrides.rend(); ++it) {
     if (std::find(it->first.begin(), it->first.end(), layer) != it->first.end()) {

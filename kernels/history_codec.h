@@ -90,6 +90,10 @@ double SideRecipeBits(const SideRecipe& r, int head_dim, int group_size);
 // Averaged over K and V and over `num_layers` layers.
 double HistoryCodecBits(const HistoryCodec& c, int num_layers, int head_dim, int group_size);
 
+// The eigenbasis transform of a recipe with `eig` (above): T [d][d], row-major, orthogonal; a
+// row x of the rotation file's space is x·T in the codec's basis (its regions' directions).
+std::vector<float> CodecEigenbasis(int d, const std::vector<CodecRegion>& regions);
+
 // The 2^bits Gaussian Lloyd-Max centroids (unit variance), ascending; bits 1..4.
 const float* GaussianLloydMaxCentroids(int bits);
 

@@ -30,6 +30,10 @@ enum class PageEncoding : uint8_t {
   kBf16 = 1,          // sink and recent-window pages
   kInt2Uniform = 2,   // history: asymmetric min-max INT2, levels {0, 1, 2, 3}
   kInt2LloydMax = 3,  // history: mean/std INT2 with Gaussian Lloyd-Max levels
+  // history: a history codec's packed regions (kernels/codec_page.h). Its blocks' sizes come
+  // from the codec (per layer and K|V), which the rotation file carries and the namespace pins:
+  // BlockBytes, BlockOffset and PageBytes below do not apply (engine/kv_cache.h lays it out).
+  kCodec = 4,
 };
 
 // Shape of the KV cache of one model. Fixed per engine; every page of a namespace shares it.

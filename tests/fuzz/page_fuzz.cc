@@ -1,6 +1,6 @@
 // KV page bytes as they arrive from a peer or a store: ParsePage must never read out of bounds,
 // and a page it accepts must decode, match its own geometry and key, and (BF16) re-encode to the
-// same bytes.
+// same bytes; a codec page, which only its engine can decode, must keep to its size bounds.
 
 #include <cstring>
 #include <vector>
@@ -15,6 +15,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!page.ok()) return 0;
   const KvGeometry& g = page->geometry;
   FUZZ_CHECK(CheckPageMatches(*page, g, page->encoding, page->key()).ok());
+  if (page->encoding == PageEncoding::kCodec) {
+    // Laid out by its codec, which only its engine knows: sized within the header's bounds, and
+    // never decoded without the codec.
+    FUZZ_CHECK(size % 16 == 0 && static_cast<int64_t>(size) <=
+                                      kernels::PageBytes(g, PageEncoding::kBf16));
+    std::vector<float> none;
+    FUZZ_CHECK(DecodePage(*page, none).code() == absl::StatusCode::kFailedPrecondition);
+    return 0;
+  }
   const size_t elements = static_cast<size_t>(g.num_layers) * 2 * g.num_kv_heads * g.page_tokens *
                           g.head_dim;
   FUZZ_CHECK(elements <= size * 16);  // a page cannot decode to more than its codes allow
