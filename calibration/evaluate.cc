@@ -113,7 +113,10 @@ void AttentionErrors(const AttentionProbe& probe, const model::ModelConfig& c,
   out->output_rel_error.assign(c.num_layers, 0.0);
   std::vector<float> kh(static_cast<size_t>(n) * d), vh(kh.size()), kref(kh.size()),
       vref(kh.size()), kf(kh.size()), vf(kh.size()), tmp(kh.size());
-  std::vector<uint8_t> block(engine::HistoryBlockBytes(f.format, g));
+  // (a codec block is never larger than a BF16 one; its size varies by layer)
+  std::vector<uint8_t> block(f.format == engine::KvCacheFormat::kCodec
+                                 ? kernels::BlockBytes(g, kernels::PageEncoding::kBf16)
+                                 : engine::HistoryBlockBytes(f.format, g, 0, 0, codec));
   std::vector<float> qr(d), p(n), pf(n), o(d), of(d), ofr(d);
   // Pages that are history for the last query (their stored form does not depend on the query).
   const int64_t hist_pages_end =
@@ -172,7 +175,8 @@ void AttentionErrors(const AttentionProbe& probe, const model::ModelConfig& c,
           const float clip = kind == 0 ? rot.key_clip(l, h) : rot.value_clip(l, h);
           engine::EncodeHistoryBlock(f.format, g, src.data() + pg * P * d, l, kind, h, clip,
                                      block.data(), codec);
-          engine::DecodeHistoryBlock(f.format, g, block.data(), P, kind, dst.data() + pg * P * d);
+          engine::DecodeHistoryBlock(f.format, g, block.data(), P, l, kind, dst.data() + pg * P * d,
+                                     codec);
         }
       }
       for (size_t si = 0; si < probe.samples().size(); ++si) {
@@ -268,6 +272,25 @@ absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
     // searched for.
     f.name = name.substr(0, eq);
     f.rotations_path = name.substr(eq + 1);
+    if (absl::StartsWith(f.rotations_path, "codec-pages:")) {
+      // label=codec-pages:FILE: the served codec KV format, packed pages and all, with the
+      // codec FILE carries (the engine folds its eigenbasis into FILE's rotations).
+      f.format = engine::KvCacheFormat::kCodec;
+      f.rotations_path = f.rotations_path.substr(12);
+      f.rotations = f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
+      absl::StatusOr<engine::RotationFileInfo> info =
+          engine::ReadRotationFileInfo(f.rotations_path);
+      if (!info.ok()) {
+        return absl::Status(info.status().code(),
+                            absl::StrCat("format ", f.name, ": ", info.status().message()));
+      }
+      if (info->history_codec.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("format ", f.name, ": ", f.rotations_path, " carries no history_codec"));
+      }
+      f.codec = info->history_codec;
+      return f;
+    }
     if (absl::StartsWith(f.rotations_path, "codec:")) {
       // label=codec:SPEC[@FILE]: a candidate codec, parsed once the head_dim is known.
       const std::string rest = f.rotations_path.substr(6);
@@ -419,7 +442,10 @@ absl::StatusOr<EvalReport> Evaluate(std::shared_ptr<const model::LoadedModel> mo
   const int threads = std::max(1, options.threads);
   std::vector<std::shared_ptr<const kernels::HistoryCodec>> codecs(formats.size());
   for (size_t fi = 0; fi < formats.size(); ++fi) {
-    if (formats[fi].format != engine::KvCacheFormat::kEvalCodec) continue;
+    if (formats[fi].format != engine::KvCacheFormat::kEvalCodec &&
+        formats[fi].format != engine::KvCacheFormat::kCodec) {
+      continue;
+    }
     auto codec = std::make_shared<kernels::HistoryCodec>();
     std::string error;
     if (!kernels::ParseHistoryCodec(formats[fi].codec, c.head_dim, codec.get(), &error)) {

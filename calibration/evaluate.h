@@ -66,6 +66,8 @@ struct EvalRotationFiles {
 //   label=codec:SPEC[@FILE]              a candidate history codec (kernels/history_codec.h)
 //                                        on the rows as FILE rotates them (identity without)
 //   label=codec:@FILE                    the codec FILE carries (its history_codec field)
+//   label=codec-pages:FILE               the same codec as the served `codec` KV format: packed
+//                                        pages, eigenbasis folded into FILE's rotations
 // and any split format with "-nowin" appended: no sink, a 1-token recent window (only the
 // current, partly filled page stays BF16). InvalidArgument naming the format, or the flag of
 // the missing rotation file.
@@ -102,9 +104,9 @@ struct EvalResult {
   double history_bits_per_element = 0;
   double ppl = 0, ppl_reference = 0, ppl_change = 0;  // change = ppl / ppl_reference - 1
   double kl_mean = 0, kl_p99 = 0, kl_history_mean = 0;
-  double top1 = 0;                     // fraction of positions whose argmax equals the reference's
+  double top1 = 0;  // fraction of positions whose argmax equals the reference's
   std::vector<double> window_kl, window_top1;  // per window: mean KL, top-1 (for bootstraps)
-  std::vector<double> layer_score_kl;  // [layers]
+  std::vector<double> layer_score_kl;          // [layers]
   std::vector<double> layer_output_rel_error;  // [layers]
   double score_kl = 0, output_rel_error = 0;   // means over layers
   double seconds = 0;                          // forward passes of this format

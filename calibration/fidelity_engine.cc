@@ -21,20 +21,24 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> CreateFidelityEngine(
   engine::EngineOptions o;
   o.rotations_path = rotations_path;
   o.kv_cache.format = format;
-  o.kv_cache.eval_codec = std::move(codec);
+
   o.kv_cache.layout = layout;
   o.kv_cache.group_size = group_size;
   o.kv_cache.max_sequences = 1;
   o.kv_cache.max_chunk_tokens = chunk;
+  // A history block of the codec format is never larger than a BF16 one (kernels/codec_page.h).
+  const int64_t history_block = format == engine::KvCacheFormat::kCodec
+                                    ? kernels::BlockBytes(g, kernels::PageEncoding::kBf16)
+                                    : engine::HistoryBlockBytes(format, g, 0, 0, codec.get());
   o.kv_cache.capacity_bytes =
       bf16_pages * kernels::PageBytes(g, kernels::PageEncoding::kBf16) +
-      (pages + 1) * (kernels::kPageHeaderBytes +
-                     kernels::NumBlocks(g) * engine::HistoryBlockBytes(format, g));
+      (pages + 1) * (kernels::kPageHeaderBytes + kernels::NumBlocks(g) * history_block);
   o.scheduler.max_running = 1;
   o.scheduler.max_waiting = 1;
   o.scheduler.prefill_chunk = chunk;
   o.scheduler.max_step_tokens = std::max(chunk, 1);
   o.cpu_threads = cpu_threads;
+  o.kv_cache.codec = std::move(codec);
   return engine::Engine::Create(std::move(model), o);
 }
 

@@ -24,7 +24,8 @@ BlockFormat HistoryFormat(KvCacheFormat format) {
       return BlockFormat::kInt2Uniform;
     case KvCacheFormat::kInt2LloydMax:
       return BlockFormat::kInt2LloydMax;
-    case KvCacheFormat::kBf16:  // no history pages
+    case KvCacheFormat::kBf16:   // no history pages
+    case KvCacheFormat::kCodec:  // decoded page by page into fp32 rows (RunTask)
     case KvCacheFormat::kEvalFp8:
     case KvCacheFormat::kEvalInt4:
     case KvCacheFormat::kEvalKivi2:
@@ -69,7 +70,7 @@ void LayerAttention::Run(KvCache& cache, int layer, std::span<const AttentionChu
   // every query row, once per call rather than once per page range.
   biased_keys_ = nullptr;
   if (cache.options().format == KvCacheFormat::kEvalCodec) {
-    const kernels::SideRecipe& keys = cache.options().eval_codec->Side(layer, 0);
+    const kernels::SideRecipe& keys = cache.options().codec->Side(layer, 0);
     if (keys.logit_bias != 0.0f) biased_keys_ = &keys;
   }
   if (biased_keys_ != nullptr) {
@@ -152,8 +153,13 @@ void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const Attentio
   const int rows = (task.t_end - task.t_begin) * group;
   const int64_t lane_floats = AttentionState::LaneFloats(d);
   // Scratch: lanes (64-byte aligned, first), query rows, acc, m, l, visible counts, flags.
-  const int64_t need = rows * (lane_floats + 2 * d + 4 + kernels::kCodecBiasTerms) + 16;
+  // A codec's history block is decoded into K and V rows [P][d] each, after the state.
+  const bool decode_history = cache.options().format == KvCacheFormat::kCodec;
+  const int64_t state_floats = rows * (lane_floats + 2 * d + 4 + kernels::kCodecBiasTerms) + 16;
+  const int64_t need = (state_floats + 15) / 16 * 16 + (decode_history ? 2 * int64_t{P} * d : 0);
   float* scratch = kernels::cpu::ThreadScratch(need, /*which=*/3);
+  float* decoded_k = scratch + (state_floats + 15) / 16 * 16;
+  float* decoded_v = decoded_k + int64_t{P} * d;
   AttentionState st;
   st.head_dim = d;
   st.lanes = scratch;
@@ -203,6 +209,11 @@ void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const Attentio
       if (version == 0) {
         block = KvBlockPair{BlockFormat::kBf16, cache.Bf16Block(*c.seq, p, layer, 0, task.head),
                             cache.Bf16Block(*c.seq, p, layer, 1, task.head), ntok};
+      } else if (decode_history) {
+        cache.DecodeHistory(*c.seq, p, layer, 0, task.head, ntok, decoded_k);
+        cache.DecodeHistory(*c.seq, p, layer, 1, task.head, ntok, decoded_v);
+        block = KvBlockPair{BlockFormat::kF32, reinterpret_cast<const uint8_t*>(decoded_k),
+                            reinterpret_cast<const uint8_t*>(decoded_v), ntok};
       } else {
         block = KvBlockPair{history, cache.HistoryBlock(*c.seq, p, layer, 0, task.head),
                             cache.HistoryBlock(*c.seq, p, layer, 1, task.head), ntok};

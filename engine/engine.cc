@@ -191,7 +191,8 @@ const char* GpuWeightsName(GpuWeights w) {
 }
 
 absl::StatusOr<GpuWeights> ParseGpuWeights(std::string_view text) {
-  for (GpuWeights w : {GpuWeights::kAuto, GpuWeights::kBf16, GpuWeights::kFp16, GpuWeights::kFp32}) {
+  for (GpuWeights w :
+       {GpuWeights::kAuto, GpuWeights::kBf16, GpuWeights::kFp16, GpuWeights::kFp32}) {
     if (text == GpuWeightsName(w)) return w;
   }
   return absl::InvalidArgumentError(absl::StrCat("GPU weight type \"",
@@ -238,12 +239,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   std::string rotations_path = options.rotations_path;
   const bool int2 = options.kv_cache.format == KvCacheFormat::kInt2 ||
                     options.kv_cache.format == KvCacheFormat::kInt2LloydMax;
-  if (rotations_path.empty() && int2 && !options.default_rotations_dir.empty()) {
+  const bool codec = options.kv_cache.format == KvCacheFormat::kCodec;
+  if (rotations_path.empty() && (int2 || codec) && !options.default_rotations_dir.empty()) {
     absl::StatusOr<std::string> found = FindRotationFile(
         options.default_rotations_dir, model->fingerprint,
-        options.kv_cache.format == KvCacheFormat::kInt2LloydMax ? "lloyd-max" : "uniform");
+        codec ? ""
+              : (options.kv_cache.format == KvCacheFormat::kInt2LloydMax ? "lloyd-max" : "uniform"),
+        codec);
     if (found.ok()) {
       rotations_path = *found;
+    } else if (codec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("kv_format codec: ", found.status().message(),
+                       "; or name one with rotations_path (--rotations)"));
     } else {
       std::fprintf(stderr,
                    "kvstrata: warning: no rotation file for this model in %s; using identity "
@@ -252,11 +260,36 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     }
   }
   if (rotations_path.empty()) {
+    if (codec) {
+      return absl::InvalidArgumentError(
+          "kv_format codec needs a rotation file carrying a history codec (rotations_path)");
+    }
     e->rotations_ = IdentityRotations(c.num_layers, c.num_kv_heads, c.head_dim);
   } else {
     KV_ASSIGN_OR_RETURN(e->rotations_,
                         ReadRotationFile(rotations_path, c.num_layers, c.num_kv_heads, c.head_dim,
                                          model->fingerprint));
+  }
+  KvCacheOptions cache_options = options.kv_cache;
+  if (codec) {
+    // The history codec travels in the rotation file, whose digest is in the namespace.
+    const std::string& spec = e->rotations_.info.history_codec;
+    if (spec.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_format codec: rotation file ", rotations_path,
+          " carries no history_codec (kvstrata eval --allocate-bits --rotations-out writes one)"));
+    }
+    auto parsed = std::make_shared<kernels::HistoryCodec>();
+    std::string error;
+    if (!kernels::ParseHistoryCodec(spec, c.head_dim, parsed.get(), &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rotation file ", rotations_path, ": history_codec: ", error));
+    }
+    if (absl::Status s = FoldCodecBasis(*parsed, &e->rotations_); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rotation file ", rotations_path, ": ", s.message()));
+    }
+    cache_options.codec = std::move(parsed);
   }
   kernels::KvGeometry geometry;
   geometry.num_layers = c.num_layers;
@@ -264,7 +297,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   geometry.head_dim = c.head_dim;
   geometry.group_size = options.kv_cache.group_size;
   geometry.page_tokens = options.kv_cache.layout.page_tokens;
-  KvCacheOptions cache_options = options.kv_cache;
   cache_options.demotion_key_clip = e->rotations_.k_clip;
   cache_options.demotion_value_clip = e->rotations_.v_clip;
   std::unique_ptr<Backend> backend;
@@ -272,8 +304,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
 #ifdef KVSTRATA_HAVE_CUDA
     const int gpu = options.device.index;
     if (absl::StatusOr<std::string> d = DescribeCudaDevice(gpu); !d.ok()) {
-      return absl::UnavailableError(absl::StrCat("device ", options.device.ToString(), ": ",
-                                                 d.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("device ", options.device.ToString(), ": ", d.status().message()));
     }
     // Address space up to the history page tables' reach, where the pools of GPU kvstores on
     // this GPU are mapped, so that their pages can be read in place.
@@ -302,9 +334,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     KV_ASSIGN_OR_RETURN(backend,
                         CreateCudaBackend(*e->model_, e->rotations_, e->cache_.get(), cuda));
 #else
-    return absl::UnavailableError(absl::StrCat(
-        "device ", options.device.ToString(),
-        ": this build of kvstrata has no CUDA support (it was built without nvcc)"));
+    return absl::UnavailableError(
+        absl::StrCat("device ", options.device.ToString(),
+                     ": this build of kvstrata has no CUDA support (it was built without nvcc)"));
 #endif
   } else {
     KV_ASSIGN_OR_RETURN(e->cache_, KvCache::Create(geometry, cache_options));
@@ -326,6 +358,11 @@ std::string Engine::KvFormatString() const {
   const KvCacheFormat format = cache_->options().format;
   // BF16 keeps every page whole: neither the group size nor the window changes its bytes.
   if (format == KvCacheFormat::kBf16) return absl::StrCat("bf16-p", l.page_tokens);
+  // The codec's recipes are in the rotation file, whose digest the namespace holds beside this.
+  if (format == KvCacheFormat::kCodec) {
+    return absl::StrCat("codec-sink", l.sink_tokens, "-recent", l.recent_tokens, "-p",
+                        l.page_tokens);
+  }
   return absl::StrCat(KvCacheFormatName(format), "-g", cache_->geometry().group_size, "-sink",
                       l.sink_tokens, "-recent", l.recent_tokens, "-p", l.page_tokens);
 }

@@ -43,7 +43,7 @@ namespace kvstrata::engine {
 // Where the forward pass runs.
 struct Device {
   bool cuda = false;
-  int index = 0;  // the CUDA device (cuda only)
+  int index = 0;                 // the CUDA device (cuda only)
   std::string ToString() const;  // "cpu", "cuda:1"
 };
 // "cpu", "cuda" (device 0) or "cuda:N"; InvalidArgument otherwise.
@@ -57,7 +57,7 @@ const char* GpuWeightsName(GpuWeights w);
 absl::StatusOr<GpuWeights> ParseGpuWeights(std::string_view text);
 
 struct EngineOptions {
-  std::string model_path;      // a .gguf file or a Hugging Face model folder (Load only)
+  std::string model_path;  // a .gguf file or a Hugging Face model folder (Load only)
   // cpu: the CPU backend, KV pages in host memory. cuda: the CUDA backend on that GPU, KV pages
   // in device memory (Create answers Unavailable, naming the device, when there is no such GPU
   // or the build has no CUDA).
@@ -92,6 +92,7 @@ struct EngineOptions {
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.
+  // For codec: the file fitted on the model that carries a history codec, else an error.
   // Empty: identity. The CLI points it at the repository's rotations/ folder.
   std::string default_rotations_dir;
   KvCacheOptions kv_cache;     // format, layout, group size, capacity, sizing of the pools
@@ -148,7 +149,9 @@ class Engine {
 
   // The stored KV format, exactly: every parameter that changes the bytes of a page.
   //   bf16 → "bf16-p64"; int2 → "int2-g64-sink64-recent256-p64";
-  //   int2-lloyd-max → "int2-lloyd-max-g64-sink64-recent256-p64"
+  //   int2-lloyd-max → "int2-lloyd-max-g64-sink64-recent256-p64";
+  //   codec → "codec-sink64-recent256-p64" (its recipes: the rotation file, whose digest the
+  //   namespace holds)
   // (g = INT2 channels per scale/offset, p = tokens per page).
   std::string KvFormatString() const;
 

@@ -11,6 +11,7 @@
 #include "core/page_format.h"
 #include "core/status_macros.h"
 #include "kernels/baselines.h"
+#include "kernels/codec_page.h"
 #include "kernels/quant.h"
 
 namespace kvstrata::engine {
@@ -34,10 +35,10 @@ class HostPageMemory final : public PageMemory {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-constexpr KvCacheFormat kAllFormats[] = {KvCacheFormat::kBf16,         KvCacheFormat::kInt2,
-                                         KvCacheFormat::kInt2LloydMax, KvCacheFormat::kEvalFp8,
-                                         KvCacheFormat::kEvalInt4,     KvCacheFormat::kEvalKivi2,
-                                         KvCacheFormat::kEvalTurbo3,   KvCacheFormat::kEvalCodec};
+constexpr KvCacheFormat kAllFormats[] = {
+    KvCacheFormat::kBf16,      KvCacheFormat::kInt2,       KvCacheFormat::kInt2LloydMax,
+    KvCacheFormat::kCodec,     KvCacheFormat::kEvalFp8,    KvCacheFormat::kEvalInt4,
+    KvCacheFormat::kEvalKivi2, KvCacheFormat::kEvalTurbo3, KvCacheFormat::kEvalCodec};
 
 // The seed of turbo3's random rotation for one (layer, K|V, head): fixed, so a page's stored
 // values depend on its tokens only.
@@ -52,6 +53,7 @@ bool IsEvaluationFormat(KvCacheFormat format) {
     case KvCacheFormat::kBf16:
     case KvCacheFormat::kInt2:
     case KvCacheFormat::kInt2LloydMax:
+    case KvCacheFormat::kCodec:
       return false;
     case KvCacheFormat::kEvalFp8:
     case KvCacheFormat::kEvalInt4:
@@ -63,7 +65,11 @@ bool IsEvaluationFormat(KvCacheFormat format) {
   return false;
 }
 
-int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g) {
+int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g, int layer, int kind,
+                          const kernels::HistoryCodec* codec) {
+  if (format == KvCacheFormat::kCodec) {
+    return kernels::CodecBlockLayoutFor(codec->Side(layer, kind), g.page_tokens).bytes;
+  }
   if (format == KvCacheFormat::kEvalCodec) {
     return int64_t{g.page_tokens} * (g.head_dim + kernels::kCodecBiasTerms) * 4;
   }
@@ -89,6 +95,9 @@ void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
     case KvCacheFormat::kInt2LloydMax:
       kernels::EncodeInt2Block(rows, n, g, clip_ratio, kernels::PageEncoding::kInt2LloydMax, kind,
                                block);
+      return;
+    case KvCacheFormat::kCodec:
+      kernels::EncodeCodecBlock(rows, n, d, codec->Side(layer, kind), block);
       return;
     case KvCacheFormat::kEvalFp8:
       kernels::FakeQuantFp8E4M3(rows, n, d, out);
@@ -116,7 +125,8 @@ void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
 }
 
 void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const uint8_t* block,
-                        int num_tokens, int kind, float* rows) {
+                        int num_tokens, int layer, int kind, float* rows,
+                        const kernels::HistoryCodec* codec) {
   switch (format) {
     case KvCacheFormat::kBf16:
       return;
@@ -127,6 +137,10 @@ void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
     case KvCacheFormat::kInt2LloydMax:
       kernels::DecodeInt2Block(block, num_tokens, g, kernels::PageEncoding::kInt2LloydMax, kind,
                                rows);
+      return;
+    case KvCacheFormat::kCodec:
+      kernels::DecodeCodecBlock(block, num_tokens, g.page_tokens, g.head_dim,
+                                codec->Side(layer, kind), rows);
       return;
     case KvCacheFormat::kEvalFp8:
     case KvCacheFormat::kEvalInt4:
@@ -156,6 +170,7 @@ double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g,
       return 2.0 + 0.5 * (32.0 / g.page_tokens + 32.0 / group);
     case KvCacheFormat::kEvalTurbo3:
       return kernels::Turbo3BitsPerElement(d);
+    case KvCacheFormat::kCodec:
     case KvCacheFormat::kEvalCodec:
       return codec == nullptr ? 0.0 : kernels::HistoryCodecBits(*codec, g.num_layers, d, group);
   }
@@ -188,6 +203,8 @@ const char* KvCacheFormatName(KvCacheFormat format) {
       return "int2";
     case KvCacheFormat::kInt2LloydMax:
       return "int2-lloyd-max";
+    case KvCacheFormat::kCodec:
+      return "codec";
     case KvCacheFormat::kEvalFp8:
       return "eval-fp8";
     case KvCacheFormat::kEvalInt4:
@@ -207,7 +224,7 @@ absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name, bool a
     if (name == KvCacheFormatName(f) && (allow_evaluation || !IsEvaluationFormat(f))) return f;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max",
+      "unknown KV format \"", name, "\" (bf16, int2, int2-lloyd-max, codec",
       allow_evaluation ? ", eval-fp8, eval-int4, eval-kivi2, eval-turbo3, eval-codec" : "", ")"));
 }
 
@@ -271,8 +288,22 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
   if (o.layout.recent_tokens < 1) {
     return absl::InvalidArgumentError("recent_tokens must be at least 1");
   }
-  if (o.format == KvCacheFormat::kEvalCodec && o.eval_codec == nullptr) {
-    return absl::InvalidArgumentError("eval-codec needs KvCacheOptions::eval_codec");
+  if ((o.format == KvCacheFormat::kEvalCodec || o.format == KvCacheFormat::kCodec) &&
+      o.codec == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(KvCacheFormatName(o.format), " needs KvCacheOptions::codec"));
+  }
+  if (o.format == KvCacheFormat::kCodec) {
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      for (int kind = 0; kind < 2; ++kind) {
+        const std::string why =
+            kernels::CodecRecipeUnservable(o.codec->Side(layer, kind), g.head_dim);
+        if (!why.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("codec: layer ", layer, kind == 0 ? " keys" : " values", ": ", why));
+        }
+      }
+    }
   }
   if (o.max_sequences < 1 || o.max_chunk_tokens < 1) {
     return absl::InvalidArgumentError("max_sequences and max_chunk_tokens must be positive");
@@ -285,6 +316,17 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
         " value ratios for ", clips, " (layer, KV head) pairs"));
   }
   std::unique_ptr<KvCache> cache(new KvCache(g, o));
+  // The history page: after the header, every block in (layer, K|V, head) order.
+  int64_t at = kernels::kPageHeaderBytes;
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    for (int kind = 0; kind < 2; ++kind) {
+      const int64_t b = HistoryBlockBytes(o.format, g, layer, kind, o.codec.get());
+      cache->history_block_offset_.push_back(at);
+      cache->history_block_bytes_.push_back(b);
+      at += b * g.num_kv_heads;
+    }
+  }
+  cache->history_page_bytes_ = at;
   const int64_t bf16_bytes = kernels::PageBytes(g, kernels::PageEncoding::kBf16);
   int64_t bf16_budget = o.capacity_bytes;
   if (cache->split()) {
@@ -294,18 +336,17 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
     // sequence's worth), and admission is bounded by free pages as usual.
     const int64_t per_seq = cache->Bf16SlotsNeeded(std::numeric_limits<int32_t>::max());
     const int64_t working_set = per_seq * o.max_sequences * bf16_bytes;
-    bf16_budget = std::min(o.capacity_bytes,
-                           working_set < o.capacity_bytes
-                               ? working_set
-                               : std::max(per_seq * bf16_bytes, o.capacity_bytes / 2));
+    bf16_budget =
+        std::min(o.capacity_bytes, working_set < o.capacity_bytes
+                                       ? working_set
+                                       : std::max(per_seq * bf16_bytes, o.capacity_bytes / 2));
   }
   if (bf16_budget < bf16_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache capacity ", o.capacity_bytes,
                                                    " bytes is below one page (", bf16_bytes, ")"));
   }
   // One arena: the BF16 pool, then (split formats) the history pool from a 256-byte boundary.
-  const int64_t int2_bytes =
-      kernels::kPageHeaderBytes + kernels::NumBlocks(g) * HistoryBlockBytes(o.format, g);
+  const int64_t int2_bytes = cache->history_page_bytes_;
   const int64_t bf16_pool_bytes = bf16_budget / bf16_bytes * bf16_bytes;
   const int64_t int2_offset = (bf16_pool_bytes + 255) / 256 * 256;
   const int64_t rest =
@@ -327,8 +368,27 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
 }
 
 kernels::PageEncoding KvCache::int2_encoding() const {
+  if (options_.format == KvCacheFormat::kCodec) return kernels::PageEncoding::kCodec;
   return options_.format == KvCacheFormat::kInt2LloydMax ? kernels::PageEncoding::kInt2LloydMax
                                                          : kernels::PageEncoding::kInt2Uniform;
+}
+
+int64_t KvCache::HistoryBlockOffset(int layer, int kind, int head) const {
+  const int i = layer * 2 + kind;
+  return history_block_offset_[i] + head * history_block_bytes_[i];
+}
+
+void KvCache::DecodeHistoryPage(const uint8_t* page, float* kv) const {
+  const int64_t rows = int64_t{geometry_.page_tokens} * geometry_.head_dim;
+  for (int layer = 0; layer < geometry_.num_layers; ++layer) {
+    for (int kind = 0; kind < 2; ++kind) {
+      for (int h = 0; h < geometry_.num_kv_heads; ++h) {
+        const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + h;
+        DecodeHistoryBlock(options_.format, geometry_, page + HistoryBlockOffset(layer, kind, h),
+                           geometry_.page_tokens, layer, kind, kv + b * rows, options_.codec.get());
+      }
+    }
+  }
 }
 
 int64_t KvCache::DemotedPagesEnd(int64_t n) const {
@@ -419,7 +479,9 @@ kernels::PageHeader KvCache::Header(const SequenceKv& seq, int64_t page,
   h.head_dim = static_cast<uint16_t>(geometry_.head_dim);
   h.group_size = kernels::IsInt2(encoding) ? static_cast<uint16_t>(geometry_.group_size) : 0;
   h.page_index = static_cast<uint32_t>(page);
-  h.body_bytes = kernels::PageBytes(geometry_, encoding) - kernels::kPageHeaderBytes;
+  h.body_bytes = (encoding == kernels::PageEncoding::kBf16 ? kernels::PageBytes(geometry_, encoding)
+                                                           : history_page_bytes_) -
+                 kernels::kPageHeaderBytes;
   if (page < static_cast<int64_t>(seq.page_keys.size())) {
     std::memcpy(h.key, seq.page_keys[page].bytes.data(), kPageKeyBytes);
     const PageKey& parent = page == 0 ? seq.namespace_key : seq.page_keys[page - 1];
@@ -507,21 +569,19 @@ uint8_t* KvCache::Int2Block(const SequenceKv& seq, int64_t page, int layer, int 
 }
 
 uint8_t* KvCache::HistoryBlock(const SequenceKv& seq, int64_t page, int layer, int kind, int head) {
-  const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + head;
-  return const_cast<uint8_t*>(HistoryPage(seq, page)) + kernels::kPageHeaderBytes +
-         b * HistoryBlockBytes(options_.format, geometry_);
+  return const_cast<uint8_t*>(HistoryPage(seq, page)) + HistoryBlockOffset(layer, kind, head);
 }
 
 void KvCache::EncodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
                             const float* rows, float clip_ratio) {
   EncodeHistoryBlock(options_.format, geometry_, rows, layer, kind, head, clip_ratio,
-                     HistoryBlock(seq, page, layer, kind, head), options_.eval_codec.get());
+                     HistoryBlock(seq, page, layer, kind, head), options_.codec.get());
 }
 
 void KvCache::DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
                             int num_tokens, float* rows) {
   DecodeHistoryBlock(options_.format, geometry_, HistoryBlock(seq, page, layer, kind, head),
-                     num_tokens, kind, rows);
+                     num_tokens, layer, kind, rows, options_.codec.get());
 }
 
 absl::StatusOr<std::vector<ExportedPage>> KvCache::ExportPages(const SequenceKv& seq,

@@ -29,6 +29,10 @@ enum class KvCacheFormat {
   kBf16,          // every page stays BF16 (no history segment): the reference format
   kInt2,          // split layout, INT2 history with uniform levels
   kInt2LloydMax,  // split layout, INT2 history with Gaussian Lloyd-Max levels
+  // Split layout whose history is coded by a history codec (KvCacheOptions::codec, from the
+  // rotation file): per (layer, K|V) regions of 4/3/2/1-bit Lloyd-Max codes (kernels/codec_page.h).
+  // Its rows are in the codec's basis (the engine folds it into the rotations).
+  kCodec,
   // Evaluation only (kvstrata eval). Split layout whose history pages hold, in fp32, what a
   // baseline format would reconstruct (kernels/baselines.h, fake quantisation). The memory is
   // not saved: these pools are as large as fp32 pages, and HistoryBitsPerElement gives what the
@@ -39,11 +43,12 @@ enum class KvCacheFormat {
   kEvalInt4,    // INT4 per token, fp16 scale and offset per group of group_size channels
   kEvalKivi2,   // KIVI-2: K per channel over the page's 64 tokens, V per token per group
   kEvalTurbo3,  // TurboQuant-like 3-bit: random-sign Hadamard + 8-level Lloyd-Max
-  kEvalCodec,   // a candidate history codec (kernels/history_codec.h), KvCacheOptions::eval_codec
+  kEvalCodec,   // a candidate history codec (kernels/history_codec.h), KvCacheOptions::codec
 };
 
 const char* KvCacheFormatName(KvCacheFormat format);
-// Serving formats (bf16, int2, int2-lloyd-max); with allow_evaluation also the eval-* formats.
+// Serving formats (bf16, int2, int2-lloyd-max, codec); with allow_evaluation also the eval-*
+// formats.
 absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(const std::string& name,
                                                  bool allow_evaluation = false);
 bool IsEvaluationFormat(KvCacheFormat format);
@@ -51,22 +56,26 @@ bool IsEvaluationFormat(KvCacheFormat format);
 // The history segment of one (layer, K|V, KV head) page, whatever the format stores there:
 // `rows` [64][head_dim] are the page's rotated values as its BF16 page holds them (so the
 // stored history depends on the tokens only). INT2 formats write the page format's INT2 block
-// (kernels/quant.h); evaluation formats write the fp32 reconstruction [64][head_dim], and
+// (kernels/quant.h), kCodec the codec's packed block of that layer and side
+// (kernels/codec_page.h); evaluation formats write the fp32 reconstruction [64][head_dim], and
 // kEvalCodec after it the codec's score-bias coefficients [64][kernels::kCodecBiasTerms]
 // (kernels/history_codec.h, "jb"; zeros without it). `block` has HistoryBlockBytes bytes. Decode
-// writes rows [num_tokens][head_dim] in rotated space.
-int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g);
-// `codec` is the recipe of kEvalCodec (ignored by the other formats).
+// writes rows [num_tokens][head_dim] in rotated space. `codec` is the recipe of kCodec and
+// kEvalCodec (ignored by the other formats, whose blocks are the same for every layer).
+int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g, int layer = 0,
+                          int kind = 0, const kernels::HistoryCodec* codec = nullptr);
 void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const float* rows,
                         int layer, int kind, int head, float clip_ratio, uint8_t* block,
                         const kernels::HistoryCodec* codec = nullptr);
 void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, const uint8_t* block,
-                        int num_tokens, int kind, float* rows);
+                        int num_tokens, int layer, int kind, float* rows,
+                        const kernels::HistoryCodec* codec = nullptr);
 
 // Honest storage cost, in bits per element, of one history token of `format` (its codes and
 // every scale, offset or norm; K and V averaged): 2 + 32/G for INT2, 8 + 16/d for FP8,
 // 4 + 32/G for INT4, 2 + (32/64 + 32/G)/2 for KIVI-2 with 64-token key groups, 3 + 16/d for
-// turbo3; 16 for BF16 (which has no history); kernels::HistoryCodecBits for kEvalCodec.
+// turbo3; 16 for BF16 (which has no history); kernels::HistoryCodecBits for the codec formats
+// (for kCodec the blocks' padding to 16 bytes adds less than 0.01 bit).
 double HistoryBitsPerElement(KvCacheFormat format, const kernels::KvGeometry& g,
                              const kernels::HistoryCodec* codec = nullptr);
 // Bits per element of a sequence of n tokens: BF16 sink and recent tokens, history tokens at
@@ -140,8 +149,9 @@ struct KvCacheOptions {
   // without them (empty) such a prefix is refused.
   std::vector<float> demotion_key_clip;
   std::vector<float> demotion_value_clip;
-  // kEvalCodec only: the codec's recipe (required).
-  std::shared_ptr<const kernels::HistoryCodec> eval_codec;
+  // kCodec and kEvalCodec: the codec's recipe (required). kCodec needs every layer's recipes
+  // to be servable (kernels::CodecRecipeUnservable), in the basis the rows are in.
+  std::shared_ptr<const kernels::HistoryCodec> codec;
   // The page memory; empty: host memory (what the CPU backend needs).
   PageMemoryAllocator allocate_page_memory;
 };
@@ -261,13 +271,17 @@ class KvCache {
   uint8_t* Bf16Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
   // INT2 formats only: the page's INT2 block.
   uint8_t* Int2Block(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
-  // Any split format: the page's history block (an INT2 block, or fp32 rows for evaluation
-  // formats), and its encoding and decoding (EncodeHistoryBlock / DecodeHistoryBlock).
+  // Any split format: the page's history block (an INT2 or codec block, or fp32 rows for
+  // evaluation formats), and its encoding and decoding (EncodeHistoryBlock / DecodeHistoryBlock).
   uint8_t* HistoryBlock(const SequenceKv& seq, int64_t page, int layer, int kind, int head);
   void EncodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
                      const float* rows, float clip_ratio);
   void DecodeHistory(const SequenceKv& seq, int64_t page, int layer, int kind, int head,
                      int num_tokens, float* rows);
+  // Where the history block of (layer, K|V, head) starts within a history page, header
+  // included, and the bytes of a whole history page.
+  int64_t HistoryBlockOffset(int layer, int kind, int head) const;
+  int64_t history_page_bytes() const { return history_page_bytes_; }
   bool host_memory() const { return bf16_pool_->host_accessible(); }
   const PagePool& bf16_pool() const { return *bf16_pool_; }
   // The history pool (INT2 pages, or fp32 pages for the evaluation formats).
@@ -327,8 +341,15 @@ class KvCache {
   absl::Status WriteHeader(const SequenceKv& seq, int64_t page, kernels::PageEncoding encoding,
                            PagePool& pool, int32_t slot) const;
 
+  // Every history block of a page, decoded into kv [num_blocks][page_tokens][head_dim].
+  void DecodeHistoryPage(const uint8_t* page, float* kv) const;
+
   kernels::KvGeometry geometry_;
   KvCacheOptions options_;
+  // Per (layer * 2 + kind): the offset of head 0's history block and the bytes of each.
+  std::vector<int64_t> history_block_offset_;
+  std::vector<int64_t> history_block_bytes_;
+  int64_t history_page_bytes_ = 0;
   std::unique_ptr<PagePool> bf16_pool_;
   std::unique_ptr<PagePool> int2_pool_;  // history pages; null for the BF16 format
   int64_t reserved_bf16_ = 0;

@@ -32,13 +32,15 @@ bool Present(const PrefixSource& s) { return s.host != nullptr || s.device != nu
 // What CheckPageMatches needs of a page: its header, from the bytes (host) or rebuilt from what
 // the store said (device: the store parsed the real header on Put, and the digest binds it).
 absl::StatusOr<PageRef> ParseSource(const PrefixSource& s, const kernels::KvGeometry& g,
-                                    kernels::PageHeader* storage) {
+                                    int64_t history_page_bytes, kernels::PageHeader* storage) {
   if (s.host != nullptr) {
-    return ParsePage(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.host->data()),
-                                              s.host->size()));
+    return ParsePage(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.host->data()), s.host->size()));
   }
   const DevicePage& d = *s.device;
-  const int64_t want = kernels::PageBytes(g, d.encoding);
+  const int64_t want = d.encoding == kernels::PageEncoding::kBf16
+                           ? kernels::PageBytes(g, d.encoding)
+                           : history_page_bytes;
   if (d.bytes == nullptr || d.byte_length != want) {
     return absl::InvalidArgumentError(absl::StrCat("device page of ", d.byte_length,
                                                    " bytes, but a ", PageEncodingName(d.encoding),
@@ -57,7 +59,7 @@ absl::StatusOr<PageRef> ParseSource(const PrefixSource& s, const kernels::KvGeom
 
 absl::StatusOr<std::vector<PrefixCopies>> SelectPrefixCopies(
     const kernels::KvGeometry& g, bool split, kernels::PageEncoding int2_encoding,
-    const PageKey& namespace_key, std::span<const int32_t> prompt,
+    int64_t history_page_bytes, const PageKey& namespace_key, std::span<const int32_t> prompt,
     std::span<const std::string> pages, std::span<const DevicePage> device_pages) {
   const int64_t P = g.page_tokens;
   std::vector<PrefixCopies> copies;
@@ -67,7 +69,7 @@ absl::StatusOr<std::vector<PrefixCopies>> SelectPrefixCopies(
                                     ? PrefixSource{.host = &pages[i]}
                                     : PrefixSource{.device = &device_pages[i - pages.size()]};
     kernels::PageHeader storage;
-    absl::StatusOr<PageRef> page = ParseSource(source, g, &storage);
+    absl::StatusOr<PageRef> page = ParseSource(source, g, history_page_bytes, &storage);
     if (!page.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cached page ", i, " is not a valid page: ", page.status().message()));
@@ -107,9 +109,16 @@ absl::StatusOr<std::vector<PrefixCopies>> SelectPrefixCopies(
       const PrefixSource& source = bf16 ? copies[p].bf16 : copies[p].int2;
       if (!Present(source)) continue;
       kernels::PageHeader storage;
-      absl::StatusOr<PageRef> page = ParseSource(source, g, &storage);
+      absl::StatusOr<PageRef> page = ParseSource(source, g, history_page_bytes, &storage);
       const kernels::PageEncoding want = bf16 ? kernels::PageEncoding::kBf16 : int2_encoding;
       absl::Status match = CheckPageMatches(*page, g, want, key);
+      if (match.ok() && !bf16 && static_cast<int64_t>(page->bytes.size()) != history_page_bytes &&
+          source.host != nullptr) {
+        // A codec page's size is its codec's (ParsePage cannot know it).
+        match = absl::FailedPreconditionError(
+            absl::StrCat("page of ", page->bytes.size(), " bytes but this engine's ",
+                         PageEncodingName(want), " pages have ", history_page_bytes));
+      }
       if (match.ok() && page->parent_key() != parent) {
         match = absl::FailedPreconditionError(absl::StrCat(
             "page parent key ", page->parent_key().ToHex(), " but expected ", parent.ToHex()));
@@ -135,8 +144,8 @@ absl::StatusOr<int64_t> KvCache::CheckCachedPrefix(const PageKey& namespace_key,
     return absl::InvalidArgumentError("evaluation KV formats cannot import cached pages");
   }
   KV_ASSIGN_OR_RETURN(std::vector<PrefixCopies> copies,
-                      SelectPrefixCopies(geometry_, split(), int2_encoding(), namespace_key,
-                                         prompt, pages, device_pages));
+                      SelectPrefixCopies(geometry_, split(), int2_encoding(), history_page_bytes_,
+                                         namespace_key, prompt, pages, device_pages));
   const int64_t n = static_cast<int64_t>(copies.size());
   const int64_t sink_pages = options_.layout.sink_tokens / options_.layout.page_tokens;
   const bool can_demote = !options_.demotion_key_clip.empty();
@@ -165,8 +174,8 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
                       CheckCachedPrefix(seq.namespace_key, seq.tokens, pages, device_pages));
   if (n == 0) return 0;
   KV_ASSIGN_OR_RETURN(std::vector<PrefixCopies> copies,
-                      SelectPrefixCopies(geometry_, split(), int2_encoding(), seq.namespace_key,
-                                         seq.tokens, pages, device_pages));
+                      SelectPrefixCopies(geometry_, split(), int2_encoding(), history_page_bytes_,
+                                         seq.namespace_key, seq.tokens, pages, device_pages));
   // Device pages that are already in the form their slot holds are gathered at the end in one
   // copy; any other is read to the host here and imported as a host page.
   std::vector<DevicePageAccess::Copy> gathers;
@@ -206,7 +215,7 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
     {
       const PrefixSource& any = Present(bf16_source) ? bf16_source : int2_source;
       kernels::PageHeader storage;
-      seq.page_keys.push_back(ParseSource(any, geometry_, &storage)->key());
+      seq.page_keys.push_back(ParseSource(any, geometry_, history_page_bytes_, &storage)->key());
     }
     const bool history = split() && p >= sink_pages && p < demoted_end;
     const PrefixSource& exact = history ? int2_source : bf16_source;
@@ -261,17 +270,15 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
           for (int kind = 0; kind < 2; ++kind) {
             for (int h = 0; h < geometry_.num_kv_heads; ++h) {
               kernels::DecodeBf16Block(
-                  body + kernels::BlockOffset(geometry_, kernels::PageEncoding::kBf16, layer,
-                                              kind, h),
+                  body +
+                      kernels::BlockOffset(geometry_, kernels::PageEncoding::kBf16, layer, kind, h),
                   static_cast<int>(P), geometry_, rows.data());
               const size_t c = static_cast<size_t>(layer) * geometry_.num_kv_heads + h;
-              const int64_t b = (int64_t{layer} * 2 + kind) * geometry_.num_kv_heads + h;
               EncodeHistoryBlock(
                   options_.format, geometry_, rows.data(), layer, kind, h,
                   kind == 0 ? options_.demotion_key_clip[c] : options_.demotion_value_clip[c],
-                  reinterpret_cast<uint8_t*>(page.data()) + kernels::kPageHeaderBytes +
-                      b * HistoryBlockBytes(options_.format, geometry_),
-                  options_.eval_codec.get());
+                  reinterpret_cast<uint8_t*>(page.data()) + HistoryBlockOffset(layer, kind, h),
+                  options_.codec.get());
             }
           }
         }
@@ -287,12 +294,12 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
     }
     std::string converted;
     if (bf16 == nullptr) {
-      // BF16 at this length, but only the INT2 copy exists: dequantise (not exact).
+      // BF16 at this length, but only the history copy exists: dequantise (not exact).
       absl::StatusOr<PageRef> page = ParsePage(
           std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(int2->data()), int2->size()));
       std::vector<float> kv(static_cast<size_t>(kernels::NumBlocks(geometry_)) * P *
                             geometry_.head_dim);
-      KV_RETURN_IF_ERROR(DecodePage(*page, kv));
+      DecodeHistoryPage(reinterpret_cast<const uint8_t*>(int2->data()), kv.data());
       PageSpec spec;
       spec.geometry = geometry_;
       spec.encoding = kernels::PageEncoding::kBf16;
@@ -310,8 +317,7 @@ absl::StatusOr<int64_t> KvCache::ImportPrefix(SequenceKv& seq, std::span<const s
     std::optional<int32_t> s = bf16_pool_->Allocate();
     if (!s) return absl::ResourceExhaustedError("BF16 page pool exhausted (reservation broken)");
     seq.bf16_slot[p] = *s;
-    KV_RETURN_IF_ERROR(
-        bf16_pool_->Write(*s, 0, bf16->data(), static_cast<int64_t>(bf16->size())));
+    KV_RETURN_IF_ERROR(bf16_pool_->Write(*s, 0, bf16->data(), static_cast<int64_t>(bf16->size())));
   }
   if (!gathers.empty()) {
     if (absl::Status copied = access->CopyPages(gathers); !copied.ok()) {

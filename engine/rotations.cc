@@ -74,6 +74,49 @@ RotationSet IdentityRotations(int num_layers, int num_kv_heads, int head_dim) {
   return r;
 }
 
+absl::Status FoldCodecBasis(const kernels::HistoryCodec& codec, RotationSet* rotations) {
+  const int L = rotations->num_layers, H = rotations->num_kv_heads, d = rotations->head_dim;
+  for (const auto& [layers, recipe] : codec.overrides) {
+    for (int layer : layers) {
+      if (layer < 0 || layer >= L) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("history codec: layer ", layer, " is outside the model's 0..", L - 1));
+      }
+    }
+  }
+  if (rotations->identity) {
+    // The identity spelled out, so a basis can be folded into it.
+    std::vector<float> eye(static_cast<size_t>(L) * H * d * d, 0.0f);
+    for (int64_t m = 0; m < int64_t{L} * H; ++m) {
+      for (int i = 0; i < d; ++i) eye[(m * d + i) * d + i] = 1.0f;
+    }
+    rotations->k_rotation = eye;
+    rotations->v_rotation = std::move(eye);
+    rotations->identity = false;
+  }
+  std::vector<float> folded(static_cast<size_t>(d) * d);
+  for (int layer = 0; layer < L; ++layer) {
+    for (int kind = 0; kind < 2; ++kind) {
+      const kernels::SideRecipe& r = codec.Side(layer, kind);
+      if (r.kind != kernels::SideRecipe::Kind::kRegions || !r.eigenbasis) continue;
+      const std::vector<float> t = kernels::CodecEigenbasis(d, r.regions);
+      std::vector<float>& all = kind == 0 ? rotations->k_rotation : rotations->v_rotation;
+      for (int h = 0; h < H; ++h) {
+        float* rot = all.data() + (int64_t{layer} * H + h) * d * d;
+        for (int i = 0; i < d; ++i) {
+          for (int j = 0; j < d; ++j) {
+            double acc = 0.0;
+            for (int k = 0; k < d; ++k) acc += double{rot[i * d + k]} * t[k * d + j];
+            folded[i * d + j] = static_cast<float>(acc);
+          }
+        }
+        std::copy(folded.begin(), folded.end(), rot);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotations,
                                const RotationFileInfo& info) {
   const int64_t L = rotations.num_layers, H = rotations.num_kv_heads, d = rotations.head_dim;
@@ -164,7 +207,7 @@ absl::StatusOr<RotationFileInfo> ReadRotationFileInfo(const std::string& path) {
 
 absl::StatusOr<std::string> FindRotationFile(const std::string& dir,
                                              const std::string& model_fingerprint,
-                                             const std::string& levels) {
+                                             const std::string& levels, bool with_codec) {
   std::error_code ec;
   std::vector<std::string> paths;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
@@ -176,13 +219,19 @@ absl::StatusOr<std::string> FindRotationFile(const std::string& dir,
   std::string best;
   for (const std::string& path : paths) {
     absl::StatusOr<RotationFileInfo> info = ReadRotationFileInfo(path);
-    if (!info.ok() || info->model_fingerprint != model_fingerprint || info->levels != levels) {
+    if (!info.ok() || info->model_fingerprint != model_fingerprint ||
+        (!levels.empty() && info->levels != levels) || info->history_codec.empty() == with_codec) {
       continue;
     }
     if (info->grouping == "head") return path;
     if (best.empty()) best = path;
   }
   if (!best.empty()) return best;
+  if (with_codec) {
+    return absl::NotFoundError(absl::StrCat(
+        "no rotation file in ", dir, " fitted on model ", model_fingerprint.substr(0, 16),
+        "… carries a history codec (kvstrata eval --allocate-bits --rotations-out writes one)"));
+  }
   return absl::NotFoundError(absl::StrCat("no rotation file in ", dir, " was fitted on model ",
                                           model_fingerprint.substr(0, 16), "… for ", levels,
                                           " INT2 levels (kvstrata calibrate makes one)"));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/history_codec.h"
 
 namespace kvstrata::engine {
 
@@ -57,6 +58,12 @@ struct RotationSet {
   float value_clip(int layer, int head) const { return v_clip[layer * num_kv_heads + head]; }
 };
 
+// For the codec KV format: every (layer, side) whose recipe works in the eigenbasis (`eig`)
+// gets its basis folded into the rotation, R ← R·T (kernels::CodecEigenbasis), so the cache's
+// rows are in the codec's basis and its regions are plain channel ranges. q·k and the output's
+// way back (·R_Vᵀ) are unchanged. InvalidArgument when the codec names a layer the model lacks.
+absl::Status FoldCodecBasis(const kernels::HistoryCodec& codec, RotationSet* rotations);
+
 // The identity rotation with no clipping.
 RotationSet IdentityRotations(int num_layers, int num_kv_heads, int head_dim);
 
@@ -76,12 +83,13 @@ absl::Status WriteRotationFile(const std::string& path, const RotationSet& rotat
 absl::StatusOr<RotationFileInfo> ReadRotationFileInfo(const std::string& path);
 
 // The rotation file in `dir` (non-recursive, *.safetensors) fitted on the model with this
-// fingerprint, whose clip ratios were searched for `levels` ("uniform" or "lloyd-max"),
-// preferring per-head files; NotFound naming the directory when there is none. This is how a
+// fingerprint, whose clip ratios were searched for `levels` ("uniform" or "lloyd-max"; empty:
+// any), with a history codec when `with_codec` and without one otherwise, preferring per-head
+// files, then the first by name; NotFound naming the directory when there is none. This is how a
 // default configuration picks the committed file under rotations/ for the model it loaded.
 absl::StatusOr<std::string> FindRotationFile(const std::string& dir,
                                              const std::string& model_fingerprint,
-                                             const std::string& levels);
+                                             const std::string& levels, bool with_codec = false);
 
 absl::StatusOr<RotationSet> ReadRotationFile(const std::string& path, int num_layers,
                                              int num_kv_heads, int head_dim,

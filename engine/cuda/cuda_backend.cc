@@ -287,8 +287,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedMo
     return absl::InvalidArgumentError(
         "the CUDA backend needs the KV cache in device page memory (DevicePageMemoryAllocator)");
   }
-  if (cache->options().format == KvCacheFormat::kInt2LloydMax ||
-      IsEvaluationFormat(cache->options().format)) {
+  if (cache->options().format != KvCacheFormat::kBf16 &&
+      cache->options().format != KvCacheFormat::kInt2) {
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA backend serves the bf16 and int2 KV formats, not ",
         KvCacheFormatName(cache->options().format)));

@@ -44,10 +44,13 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9471",
 ABSL_FLAG(std::string, model, "",
           "The model: a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct in "
           "$KVSTRATA_CACHE or ~/.cache/kvstrata, from scripts/fetch-model.sh).");
-ABSL_FLAG(std::string, kv_format, "int2", "KV cache format: bf16, int2 or int2-lloyd-max.");
+ABSL_FLAG(std::string, kv_format, "int2",
+          "KV cache format: bf16, int2, int2-lloyd-max or codec (the history codec a rotation "
+          "file carries: per-layer 4/3/2/1-bit regions, about 2.5 bits; CPU only).");
 ABSL_FLAG(std::string, rotations, "",
-          "Rotation file fitted by kvstrata calibrate; default for INT2 formats: the file in "
-          "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
+          "Rotation file fitted by kvstrata calibrate; default for INT2 formats (codec: the one "
+          "carrying a history codec): the file in $KVSTRATA_ROTATIONS (else the repository's "
+          "rotations/) fitted on this model; "
           "'identity' for none.");
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools).");
 ABSL_FLAG(bool, same_gpu_transport, true,

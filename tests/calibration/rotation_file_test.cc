@@ -221,6 +221,16 @@ TEST_F(RotationFileTest, FindsTheFileFittedOnTheModel) {
   const absl::StatusOr<std::string> none = FindRotationFile(dir, kFingerprint, "lloyd-max");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(none.status().message(), HasSubstr("no rotation file in " + dir));
+  // A file carrying a history codec is found only when one is asked for, and then whatever
+  // levels its clips were searched for; the INT2 formats keep the file without one.
+  EXPECT_EQ(FindRotationFile(dir, kFingerprint, "", /*with_codec=*/true).status().code(),
+            absl::StatusCode::kNotFound);
+  RotationFileInfo with_codec = Info();
+  with_codec.history_codec = "3x32+2x32:eig:s8:pr|2x32+1x32:eig:s8:pr";
+  ASSERT_TRUE(WriteRotationFile(scratch_.File("0-codec.safetensors"), rotations_, with_codec).ok());
+  EXPECT_EQ(*FindRotationFile(dir, kFingerprint, "", /*with_codec=*/true),
+            scratch_.File("0-codec.safetensors"));
+  EXPECT_EQ(*FindRotationFile(dir, kFingerprint, "uniform"), path_);
 }
 
 }  // namespace

@@ -193,6 +193,58 @@ TEST_F(EngineTest, PageNamespacesBindModelFormatRotationsAndSalt) {
   EXPECT_THAT(int2->Submit(r).status().ToString(), HasSubstr("namespace_key"));
 }
 
+// The codec KV format serves the history codec a rotation file carries: without one it does not
+// start, and the error says what is missing; with one its history pages are the codec's.
+TEST_F(EngineTest, CodecFormatServesTheCodecItsRotationFileCarries) {
+  std::unique_ptr<Engine> int2 = Load(Options(KvCacheFormat::kInt2));
+  ASSERT_NE(int2, nullptr);
+  const model::ModelConfig& c = int2->config();
+  const std::string fingerprint = int2->model().fingerprint;
+  auto error = [&](const std::string& codec) {
+    EngineOptions o = Options(KvCacheFormat::kCodec);
+    if (codec != "no file") {
+      o.rotations_path = scratch_.File("codec-" + std::to_string(codec.size()) + ".safetensors");
+      RotationFileInfo info{.model_fingerprint = fingerprint};
+      info.history_codec = codec;
+      EXPECT_TRUE(WriteRotationFile(o.rotations_path,
+                                    IdentityRotations(c.num_layers, c.num_kv_heads, c.head_dim),
+                                    info)
+                      .ok());
+    }
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Load(o);
+    return e.ok() ? std::string("ok") : std::string(e.status().message());
+  };
+  EXPECT_THAT(error("no file"), HasSubstr("needs a rotation file carrying a history codec"));
+  EXPECT_THAT(error(""), HasSubstr("carries no history_codec"));
+  EXPECT_THAT(error("3x32+2x32:eig:s8:pr"), HasSubstr("history_codec"));
+  EXPECT_THAT(error("3x32+2x32:eig:s8:pr:jb|2x32+1x32:s8:pr"),
+              HasSubstr("codec: layer 0 keys: the options a, jb, t"));
+  EXPECT_THAT(error("3x32+2x32:s8:pr|2x32+1x32:s8:pr;5=4x64:s8:pr|4x64:s8:pr"),
+              HasSubstr("layer 5 is outside"));
+
+  // 2.63-bit keys, 1.63-bit values: history pages smaller than INT2's (2.5 bits).
+  const std::string spec = "3x32+2x32:eig:s8:pr|2x32+1x32:eig:s8:pr";
+  ASSERT_EQ(error(spec), "ok");
+  EngineOptions o = Options(KvCacheFormat::kCodec);
+  o.rotations_path = scratch_.File("codec-" + std::to_string(spec.size()) + ".safetensors");
+  std::unique_ptr<Engine> codec = Load(o);
+  ASSERT_NE(codec, nullptr);
+  EXPECT_EQ(codec->KvFormatString(), "codec-sink64-recent256-p64");
+  EXPECT_LT(codec->cache().int2_pool()->slot_bytes(), int2->cache().int2_pool()->slot_bytes());
+  EXPECT_EQ(codec->cache().int2_pool()->slot_bytes(), codec->cache().history_page_bytes());
+  EXPECT_NE(*codec->PageNamespace(""), *int2->PageNamespace(""));
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the ";
+  std::vector<int32_t> prompt = codec->EncodeText(text);
+  prompt.resize(500, prompt.back());
+  absl::StatusOr<GenerationStats> a = codec->Generate(Request(*codec, prompt, 8));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->generated_tokens, 8);
+  EXPECT_EQ(a->kv_int2_pages, 2);
+  EXPECT_EQ(a->kv_bytes, 6 * codec->cache().bf16_pool().slot_bytes() +
+                             2 * codec->cache().int2_pool()->slot_bytes());
+}
+
 TEST_F(EngineTest, ChatContentCannotInjectControlTokens) {
   std::unique_ptr<Engine> e = Load(Options());
   const tokenizer::Tokenizer& tok = e->tokenizer();

@@ -12,6 +12,7 @@
 #include "engine/attention.h"
 #include "engine/cpu_backend.h"
 #include "engine/kv_cache.h"
+#include "engine/rotations.h"
 #include "kernels/attention_ref.h"
 #include "tests/engine/random_model.h"
 
@@ -36,6 +37,9 @@ void Prefill(PrefillRun& run, const model::LoadedModel& m, const RotationSet& ro
   o.capacity_bytes = 64 << 20;
   o.max_sequences = 1;
   o.max_chunk_tokens = 1024;
+  if (format == KvCacheFormat::kCodec || format == KvCacheFormat::kEvalCodec) {
+    o.codec = testing::TestCodec();
+  }
   run.cache = *KvCache::Create(GeometryOf(m), o);
   run.backend = CreateCpuBackend(m, rot, run.cache.get(), threads);
   ASSERT_TRUE(run.cache->Reserve(run.seq, static_cast<int64_t>(prompt.size())).ok());
@@ -118,12 +122,10 @@ TEST_P(Exactness, ChunkingDoesNotChangeThePages) {
 
 // The same with rotations, which the backend applies to q, k and v (and the output) per head:
 // orthogonal Walsh-Hadamard matrices with random signs, different per (layer, KV head).
-TEST(ExactnessWithRotations, ChunkingDoesNotChangeThePages) {
-  const model::LoadedModel m = testing::RandomModel({});
+RotationSet RandomRotations(const model::LoadedModel& m, std::mt19937& rng) {
   const int L = m.config.num_layers, H = m.config.num_kv_heads, d = m.config.head_dim;
   RotationSet rot = IdentityRotations(L, H, d);
   rot.identity = false;
-  std::mt19937 rng(21);
   for (std::vector<float>* r : {&rot.k_rotation, &rot.v_rotation}) {
     r->assign(static_cast<size_t>(L) * H * d * d, 0.0f);
     for (int lh = 0; lh < L * H; ++lh) {
@@ -140,6 +142,13 @@ TEST(ExactnessWithRotations, ChunkingDoesNotChangeThePages) {
   }
   rot.k_clip.assign(static_cast<size_t>(L) * H, 0.9f);
   rot.v_clip.assign(static_cast<size_t>(L) * H, 0.95f);
+  return rot;
+}
+
+TEST(ExactnessWithRotations, ChunkingDoesNotChangeThePages) {
+  const model::LoadedModel m = testing::RandomModel({});
+  std::mt19937 rng(21);
+  const RotationSet rot = RandomRotations(m, rng);
   std::vector<int32_t> prompt(700);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
   PrefillRun whole, stepwise;
@@ -153,12 +162,56 @@ TEST(ExactnessWithRotations, ChunkingDoesNotChangeThePages) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, Exactness,
                          ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2,
-                                           KvCacheFormat::kInt2LloydMax),
+                                           KvCacheFormat::kInt2LloydMax, KvCacheFormat::kCodec),
                          [](const auto& info) {
                            std::string s = KvCacheFormatName(info.param);
                            std::erase(s, '-');
                            return s;
                          });
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// The served codec format (packed pages, the codec's eigenbasis folded into the rotations)
+// computes what the evaluation codec computes on the rotation's rows (fake quantisation in the
+// eigenbasis), up to the BF16 rounding of the rows, which the served format stores in the
+// codec's basis: a code next to a midpoint may flip under it (here ~8 % of the codec's own
+// error, against BF16). Coding the unfolded rows instead is as far off as the codec's own error:
+// the basis matters.
+TEST(CodecFormat, ServedPagesMatchTheEvaluationCodec) {
+  const model::LoadedModel m = testing::RandomModel({});
+  std::mt19937 rng(33);
+  const RotationSet rot = RandomRotations(m, rng);
+  RotationSet folded = rot;
+  ASSERT_TRUE(FoldCodecBasis(*testing::TestCodec(), &folded).ok());
+  std::vector<int32_t> prompt(700);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
+  PrefillRun served, evaluated, unfolded, bf16;
+  Prefill(served, m, folded, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1);
+  Prefill(evaluated, m, rot, KvCacheFormat::kEvalCodec, prompt, 700, /*threads=*/1);
+  Prefill(unfolded, m, rot, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1);
+  Prefill(bf16, m, rot, KvCacheFormat::kBf16, prompt, 700, /*threads=*/1);
+  const float same = MaxAbsDiff(served.last_logits, evaluated.last_logits);
+  const float codec_error = MaxAbsDiff(served.last_logits, bf16.last_logits);
+  EXPECT_GT(codec_error, 0.0f);
+  EXPECT_LT(same, 0.25f * codec_error) << same << " vs " << codec_error;
+  EXPECT_GT(MaxAbsDiff(unfolded.last_logits, evaluated.last_logits), 2.5f * same);
+  // 5 history pages of 2 layers: bytes per page are the codec's (40 % of BF16 here), not INT2's.
+  EXPECT_EQ(served.cache->history_page_bytes(),
+            kernels::kPageHeaderBytes +
+                m.config.num_kv_heads * (HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 0,
+                                                           0, testing::TestCodec().get()) +
+                                         HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 0,
+                                                           1, testing::TestCodec().get()) +
+                                         HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 1,
+                                                           0, testing::TestCodec().get()) +
+                                         HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 1,
+                                                           1, testing::TestCodec().get())));
+}
 
 // ChunkAttention over the engine's pages equals the kernels' split-attention reference, which
 // reads the same slots through PagedSegmentView: the engine lays pages out as documented.

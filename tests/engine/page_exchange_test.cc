@@ -47,6 +47,7 @@ class PageExchangeTest : public ::testing::TestWithParam<KvCacheFormat> {
     o.max_chunk_tokens = 64;
     o.demotion_key_clip = rot_.k_clip;
     o.demotion_value_clip = rot_.v_clip;
+    if (GetParam() == KvCacheFormat::kCodec) o.codec = testing::TestCodec();
     cache_ =
         *KvCache::Create({model_.config.num_layers, model_.config.num_kv_heads, 64, 64, 64}, o);
     backend_ = CreateCpuBackend(model_, rot_, cache_.get());
@@ -523,10 +524,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, InPlaceTest,
                          });
 
 INSTANTIATE_TEST_SUITE_P(Formats, PageExchangeTest,
-                         ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2),
+                         ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2,
+                                           KvCacheFormat::kCodec),
                          [](const auto& info) {
-                           return std::string(KvCacheFormatName(info.param)) == "bf16" ? "Bf16"
-                                                                                       : "Int2";
+                           const std::string name = KvCacheFormatName(info.param);
+                           return name == "bf16" ? "Bf16" : name == "int2" ? "Int2" : "Codec";
                          });
 
 }  // namespace

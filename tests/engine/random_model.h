@@ -3,8 +3,11 @@
 // A small Llama-shaped model with seeded random weights, built in memory, for engine tests
 // that need a model but not a real one (the real model has its own tests).
 
+#include <memory>
 #include <random>
+#include <string>
 
+#include "kernels/history_codec.h"
 #include "model/model.h"
 
 namespace kvstrata::engine::testing {
@@ -85,6 +88,17 @@ inline model::LoadedModel RandomModel(const RandomModelOptions& o) {
   }
   m.fingerprint = "random-" + std::to_string(o.seed);
   return m;
+}
+
+// A history codec for the random model's two layers (head_dim 64) for tests of the codec KV
+// format: blocks of different sizes per layer and side, 4/3/2/1-bit regions.
+inline std::shared_ptr<const kernels::HistoryCodec> TestCodec() {
+  auto c = std::make_shared<kernels::HistoryCodec>();
+  std::string error;
+  kernels::ParseHistoryCodec(
+      "4x16+3x16+2x32:eig:s8:pr|2x32+1x32:eig:s8:pr;1=3x32+2x16+1x16:s8:pr|3x16+2x16+1x32:s8:pr",
+      64, c.get(), &error);
+  return c;
 }
 
 }  // namespace kvstrata::engine::testing

@@ -10,9 +10,12 @@
 ABSL_FLAG(std::string, model, "",
           "the model: a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from "
           "scripts/fetch-model.sh)");
-ABSL_FLAG(std::string, kv_format, "int2", "KV cache format: bf16, int2 or int2-lloyd-max");
+ABSL_FLAG(std::string, kv_format, "int2",
+          "KV cache format: bf16, int2, int2-lloyd-max or codec (the history codec a rotation "
+          "file carries: per-layer 4/3/2/1-bit regions, about 2.5 bits; CPU only)");
 ABSL_FLAG(std::string, rotations, "",
-          "rotation file fitted by kvstrata calibrate; default for INT2 formats: the file in "
+          "rotation file fitted by kvstrata calibrate; default for INT2 formats (codec: the one "
+          "carrying a history codec): the file in "
           "$KVSTRATA_ROTATIONS (else the repository's rotations/) fitted on this model; "
           "'identity' for none");
 ABSL_FLAG(int, kv_cache_mb, 256, "KV cache capacity in MiB (both page pools)");
@@ -58,7 +61,8 @@ absl::StatusOr<engine::EngineOptions> EngineOptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   }
   o.device = *device;
-  absl::StatusOr<engine::GpuWeights> weights = engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
+  absl::StatusOr<engine::GpuWeights> weights =
+      engine::ParseGpuWeights(absl::GetFlag(FLAGS_gpu_weights));
   if (!weights.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu-weights: ", weights.status().message()));
   }
