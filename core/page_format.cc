@@ -63,7 +63,8 @@ absl::Status ValidateGeometry(const KvGeometry& g, PageEncoding encoding) {
                                                    " (a multiple of 16 that divides head_dim)"));
   }
   if ((kernels::IsInt2(encoding) || encoding == PageEncoding::kCodec) && g.page_tokens != 64) {
-    return absl::InvalidArgumentError(absl::StrCat("page_tokens=", g.page_tokens, " is unsupported for ",
+    return absl::InvalidArgumentError(absl::StrCat("page_tokens=", g.page_tokens,
+                                                   " is unsupported for ",
                                                    PageEncodingName(encoding), " pages (64)"));
   }
   return absl::OkStatus();
@@ -190,8 +191,8 @@ absl::StatusOr<PageRef> ParsePage(std::span<const uint8_t> bytes) {
                            ((ref.geometry.page_tokens + 1 + 15) / 16 * 16);
     if (h.body_bytes < least || h.body_bytes % 16 != 0 || h.body_bytes > bf16_body) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "page header: body_bytes=", h.body_bytes, " for a codec page must be a multiple of 16 in [",
-          least, ", ", bf16_body, "]"));
+          "page header: body_bytes=", h.body_bytes,
+          " for a codec page must be a multiple of 16 in [", least, ", ", bf16_body, "]"));
     }
     expect = static_cast<int64_t>(h.body_bytes) + kernels::kPageHeaderBytes;
   }

@@ -148,8 +148,9 @@ TEST(PageFormat, MalformedHeadersAreErrorsNamingTheField) {
 }
 
 // A codec page's size is its codec's, which ParsePage cannot know: it checks the header, and
-// that the body is a multiple of 16 bytes between every block's row scales and a BF16 page. Building and
-// decoding one takes the codec (engine/kv_cache.h), so the codec-free helpers refuse it.
+// that the body is a multiple of 16 bytes between every block's row scales and a BF16 page.
+// Building and decoding one takes the codec (engine/kv_cache.h), so the codec-free helpers refuse
+// it.
 TEST(PageFormat, CodecPagesAreCheckedAsFarAsTheHeaderGoes) {
   const KvGeometry g = SmallGeometry();
   const std::vector<float> kv = RandomKv(g, 7);
