@@ -1,5 +1,6 @@
 // kvstrata: the command-line tool. `kvstrata help` lists the subcommands.
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -7,6 +8,9 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tools/kvstrata/commands.h"
 
 namespace kvstrata::cli {
@@ -48,6 +52,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvstrata: unknown command '%s'\n\n%s", name.c_str(), usage.c_str());
     return 2;
   }
+  // `kvstrata <command> --help` lists the flags of that command's file and of the flag files
+  // it shares with others.
+  absl::FlagsUsageConfig help;
+  help.contains_help_flags = [name](absl::string_view file) {
+    std::string own = name;
+    std::replace(own.begin(), own.end(), '-', '_');
+    const auto from = [&](const char* stem) {
+      return absl::EndsWith(file, absl::StrCat("tools/kvstrata/", stem, ".cc"));
+    };
+    const bool engine =
+        name == "generate" || name == "bench-engine" || name == "eval" || name == "calibrate";
+    const bool fidelity = name == "eval" || name == "calibrate";
+    const bool client = name == "demo-chat" || name == "health" || name == "request";
+    return from(own.c_str()) || (engine && from("engine_flags")) ||
+           (fidelity && from("fidelity_flags")) || (client && from("generation_client"));
+  };
+  help.contains_helpshort_flags = help.contains_help_flags;
+  absl::SetFlagsUsageConfig(help);
   // Drop the command name so absl sees only flags; accept --max-tokens as --max_tokens.
   std::vector<std::string> storage{argv[0]};
   for (int i = 2; i < argc; ++i) {
