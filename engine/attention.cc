@@ -95,6 +95,7 @@ void LayerAttention::Run(KvCache& cache, int layer, std::span<const AttentionChu
       for (size_t ci = 0; ci < chunks.size(); ++ci) features(static_cast<int>(ci), 0);
     }
   }
+  DecodeCodecPages(cache, layer, chunks, pool);
   const auto run = [&](int task, int) { RunTask(cache, layer, chunks, sm_scale, tasks_[task]); };
   if (pool != nullptr) {
     pool->ParallelFor(static_cast<int>(tasks_.size()), run);
@@ -142,6 +143,55 @@ void LayerAttention::Run(KvCache& cache, int layer, std::span<const AttentionChu
     pool->ParallelFor(groups, merge);
   } else {
     for (int i = 0; i < groups; ++i) merge(i, 0);
+  }
+}
+
+void LayerAttention::DecodeCodecPages(KvCache& cache, int layer,
+                                      std::span<const AttentionChunk> chunks, ThreadPool* pool) {
+  decoded_offsets_.assign(chunks.size(), -1);
+  decoded_pages_.assign(chunks.size(), 0);
+  if (cache.options().format != KvCacheFormat::kCodec) return;
+  const kernels::KvGeometry& g = cache.geometry();
+  const int64_t P = g.page_tokens, block = P * g.head_dim;
+  const int group = num_heads_ / g.num_kv_heads;
+  // At most 256 MiB of decoded pages per call; past that, chunks decode per task.
+  constexpr int64_t kMaxFloats = int64_t{64} << 20;
+  int64_t floats = 0;
+  struct Item {
+    int chunk, head;
+    int64_t page;
+  };
+  std::vector<Item> items;
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const AttentionChunk& c = chunks[ci];
+    if (c.n <= PositionsPerTask(group)) continue;  // one query block: each page is read once
+    const int64_t pages = (c.pos0 + c.n - 1) / P + 1;
+    const int64_t need = pages * g.num_kv_heads * 2 * block;
+    if (floats + need > kMaxFloats) continue;
+    decoded_offsets_[ci] = floats;
+    decoded_pages_[ci] = pages;
+    floats += need;
+    for (int64_t p = 0; p < pages; ++p) {
+      // a page some query of the chunk sees as history
+      if (cache.FirstInt2Query(p) >= c.pos0 + c.n) continue;
+      for (int h = 0; h < g.num_kv_heads; ++h) items.push_back({static_cast<int>(ci), h, p});
+    }
+  }
+  if (items.empty()) return;
+  if (static_cast<int64_t>(decoded_.size()) < floats) decoded_.resize(floats);
+  const auto decode = [&](int i, int) {
+    const Item& it = items[i];
+    const AttentionChunk& c = chunks[it.chunk];
+    float* k = decoded_.data() + decoded_offsets_[it.chunk] +
+               ((int64_t{it.head} * decoded_pages_[it.chunk] + it.page) * 2) * block;
+    const int ntok = static_cast<int>(std::min<int64_t>(P, c.pos0 + c.n - it.page * P));
+    cache.DecodeHistory(*c.seq, it.page, layer, 0, it.head, ntok, k);
+    cache.DecodeHistory(*c.seq, it.page, layer, 1, it.head, ntok, k + block);
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(static_cast<int>(items.size()), decode);
+  } else {
+    for (size_t i = 0; i < items.size(); ++i) decode(static_cast<int>(i), 0);
   }
 }
 
@@ -210,10 +260,18 @@ void LayerAttention::RunTask(KvCache& cache, int layer, std::span<const Attentio
         block = KvBlockPair{BlockFormat::kBf16, cache.Bf16Block(*c.seq, p, layer, 0, task.head),
                             cache.Bf16Block(*c.seq, p, layer, 1, task.head), ntok};
       } else if (decode_history) {
-        cache.DecodeHistory(*c.seq, p, layer, 0, task.head, ntok, decoded_k);
-        cache.DecodeHistory(*c.seq, p, layer, 1, task.head, ntok, decoded_v);
-        block = KvBlockPair{BlockFormat::kF32, reinterpret_cast<const uint8_t*>(decoded_k),
-                            reinterpret_cast<const uint8_t*>(decoded_v), ntok};
+        const float* k = decoded_k;
+        const float* v = decoded_v;
+        if (decoded_offsets_[task.chunk] >= 0) {  // decoded once for the call
+          k = decoded_.data() + decoded_offsets_[task.chunk] +
+              ((int64_t{task.head} * decoded_pages_[task.chunk] + p) * 2) * P * d;
+          v = k + int64_t{P} * d;
+        } else {
+          cache.DecodeHistory(*c.seq, p, layer, 0, task.head, ntok, decoded_k);
+          cache.DecodeHistory(*c.seq, p, layer, 1, task.head, ntok, decoded_v);
+        }
+        block = KvBlockPair{BlockFormat::kF32, reinterpret_cast<const uint8_t*>(k),
+                            reinterpret_cast<const uint8_t*>(v), ntok};
       } else {
         block = KvBlockPair{history, cache.HistoryBlock(*c.seq, p, layer, 0, task.head),
                             cache.HistoryBlock(*c.seq, p, layer, 1, task.head), ntok};

@@ -70,6 +70,14 @@ class LayerAttention {
   const kernels::SideRecipe* biased_keys_ = nullptr;
   std::vector<float> features_;
   std::vector<int64_t> feature_offsets_;
+  // kCodec: the history pages of a chunk with more than one query block, decoded once per call
+  // rather than once per task: per chunk the offset of its pages [kv_heads][pages][K, V][P][d]
+  // in decoded_ (-1: decoded per task), and how many pages it spans.
+  void DecodeCodecPages(KvCache& cache, int layer, std::span<const AttentionChunk> chunks,
+                        ThreadPool* pool);
+  std::vector<float> decoded_;
+  std::vector<int64_t> decoded_offsets_;
+  std::vector<int64_t> decoded_pages_;
 };
 
 // One chunk on the calling thread with the best kernels this CPU has (tests, tools).
