@@ -323,7 +323,14 @@ uint8_t LogScaleCode(float s) {
 }
 
 float LogScaleValue(uint8_t code) {
-  return code == 0 ? 0.0f : static_cast<float>(std::exp2((static_cast<int>(code) - 160) / 8.0));
+  // A table: the codec pages' decoder reads two of these per row and region.
+  static const auto* values = [] {
+    auto* v = new float[256];
+    v[0] = 0.0f;
+    for (int c = 1; c < 256; ++c) v[c] = static_cast<float>(std::exp2((c - 160) / 8.0));
+    return v;
+  }();
+  return values[code];
 }
 
 double LloydMaxDistortion(int bits, float level_multiplier) {
