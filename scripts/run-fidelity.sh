@@ -173,6 +173,18 @@ allocate P2v4 "$keys" "$values" \
   "$out/fidelity2/sensitivity-kl-2k.json,$out/fidelity2/sensitivity-kl-2k-w34.json" \
   "$out/fidelity2/sensitivity-v-kl-2k.json,$out/fidelity2/sensitivity-v-kl-2k-w34.json"
 held_out P2v4 b
+# P2v4 is the codec the default model serves with --kv_format codec: its rotation file is kept
+# in the repository's rotations/ (docs/rotation-file.md).
+cp "$r/SmolLM2-135M-Instruct.P2v4.safetensors" rotations/
+# Round 4: P2v4 as served (--kv_format codec: packed pages, its basis folded into the
+# rotations) on the same held-out windows, paired with the evaluation codec and turbo3.
+"$kv" eval --rotations "$rot" \
+  --formats "P2v4-pages=codec-pages:rotations/SmolLM2-135M-Instruct.P2v4.safetensors" \
+  --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round4.json" \
+  > "$out/fidelity2/round4.txt"
+python3 scripts/fidelity_ci.py --vs turbo3,P2v4 --only turbo3,P2v4,P2v4-pages \
+  "$out"/fidelity2/round3-*.json "$out/fidelity2/round3b.json" "$out/fidelity2/round4.json" \
+  > "$out/fidelity2/round4.md"
 python3 scripts/fidelity_ci.py --vs turbo3,P2w "$out"/fidelity2/round3-*.json \
   "$out"/fidelity2/round3[bcd].json > "$out/fidelity2/round3.md"
 scripts/plot-fidelity.sh --vs turbo3 --only P2w,P2v,P2vk,P2v4 "$out/fidelity2/ratio.png" \
