@@ -21,6 +21,8 @@
 #   KVSTRATA_KVSTORE_MB [512]     kvstore --capacity_mb
 #   KVSTRATA_DECODE_KV_MB         each worker's --kv_cache_mb (default: the worker's own)
 #   KVSTRATA_DECODE_DEVICE [cpu]  each worker's --device (cuda, cuda:N: both workers on that GPU)
+#   KVSTRATA_DECODE_KV_FORMAT [int2]   each worker's --kv_format (codec: the history codec of
+#                                 the model's rotation file, CPU only)
 #   KVSTRATA_DECODE0_ARGS, KVSTRATA_DECODE1_ARGS   more flags for one worker (split on spaces),
 #                                 e.g. --same_gpu_pages=copy
 #   KVSTRATA_KVSTORE_DEVICE       the kvstore's --device (cuda, cuda:N: an HBM pool on that GPU,
@@ -104,7 +106,7 @@ args_of() {
       [[ -n ${KVSTRATA_DECODE_KV_MB:-} ]] && kv_mb=(--kv_cache_mb="$KVSTRATA_DECODE_KV_MB")
       local extra_var="KVSTRATA_DECODE${name#decode-}_ARGS"
       [[ -n ${!extra_var:-} ]] && read -r -a extra <<<"${!extra_var}"
-      echo "${common[@]}" "${model[@]}" --worker_id="$name" --kv_format=int2 "${kv_mb[@]}" \
+      echo "${common[@]}" "${model[@]}" --worker_id="$name" --kv_format="${KVSTRATA_DECODE_KV_FORMAT:-int2}" "${kv_mb[@]}" \
         --device="${KVSTRATA_DECODE_DEVICE:-cpu}" --kvstore="$host:$kvstore_port" "${router[@]}" \
         "${extra[@]}" ;;
   esac
