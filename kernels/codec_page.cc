@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(KVSTRATA_CPU_X86)
+#include "kernels/cpu/codec_decode.h"
+#include "kernels/cpu/isa.h"
+#endif
+
 namespace kvstrata::kernels {
 
 namespace {
@@ -149,8 +154,15 @@ void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const Si
 }
 
 void DecodeCodecBlock(const uint8_t* block, int num_tokens, int page_tokens, int head_dim,
-                      const SideRecipe& r, float* rows) {
+                      const SideRecipe& r, float* rows, CodecDecoder decoder) {
   const CodecBlockLayout l = CodecBlockLayoutFor(r, page_tokens);
+#if defined(KVSTRATA_CPU_X86)
+  static const bool avx512 = cpu::CpuSupports(cpu::CpuIsa::kAvx512);
+  if (decoder == CodecDecoder::kFastest && avx512) {
+    cpu::DecodeCodecBlockAvx512(block, l, num_tokens, head_dim, r, rows);
+    return;
+  }
+#endif
   int c0 = 0;
   for (size_t k = 0; k < r.regions.size(); ++k) {
     const CodecRegion& reg = r.regions[k];

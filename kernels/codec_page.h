@@ -49,8 +49,12 @@ CodecBlockLayout CodecBlockLayoutFor(const SideRecipe& r, int page_tokens);
 // (CodecBlockLayoutFor(r, page_tokens).bytes bytes, padding included).
 void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,
                       uint8_t* block);
-// Decodes the first num_tokens rows of a block into rows [num_tokens][head_dim].
+// Decodes the first num_tokens rows of a block into rows [num_tokens][head_dim]: with AVX-512
+// where the CPU has it (kernels/cpu/codec_decode.h), else the portable loop; both give the same
+// values (kPortable forces the loop, for tests).
+enum class CodecDecoder { kFastest, kPortable };
 void DecodeCodecBlock(const uint8_t* block, int num_tokens, int page_tokens, int head_dim,
-                      const SideRecipe& r, float* rows);
+                      const SideRecipe& r, float* rows,
+                      CodecDecoder decoder = CodecDecoder::kFastest);
 
 }  // namespace kvstrata::kernels

@@ -66,12 +66,16 @@ TEST_P(CodecPage, ReadsBackExactlyWhatTheEvaluationCodecReconstructs) {
     std::vector<uint8_t> block(l.bytes + 16, 0xAB);  // a guard past the block
     EncodeCodecBlock(x.data(), kTokens, d, r, block.data());
     for (int i = 0; i < 16; ++i) ASSERT_EQ(block[l.bytes + i], 0xAB) << "written past the block";
-    std::vector<float> want(x.size()), got(x.size());
+    std::vector<float> want(x.size()), got(x.size()), portable(x.size());
     FakeQuantSide(x.data(), kTokens, d, /*group_size=*/0, r, 1.0f, 0, want.data());
     DecodeCodecBlock(block.data(), kTokens, kTokens, d, r, got.data());
+    DecodeCodecBlock(block.data(), kTokens, kTokens, d, r, portable.data(),
+                     CodecDecoder::kPortable);
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << GetParam() << " seed " << seed << " row " << i / d
                                  << " channel " << i % d;
+      ASSERT_EQ(portable[i], want[i]) << GetParam() << " seed " << seed << " row " << i / d
+                                      << " channel " << i % d << " (portable decoder)";
     }
     // A prefix of the rows decodes to the same values.
     std::vector<float> part(static_cast<size_t>(5) * d);
@@ -124,7 +128,8 @@ INSTANTIATE_TEST_SUITE_P(Recipes, CodecPage,
                          ::testing::Values("4x16+3x16+2x32:s8:pr", "3x32+2x16+1x16:s8:pr",
                                            "4x64:s8:pr", "2x32+1x32:s8:pr", "4x32+3x32:s8:pr",
                                            "3x16+2x16+1x32:s8:pr", "2x32+0x32:s8:pr",
-                                           "4x32+3x32+2x64:s8:pr"),
+                                           "4x32+3x32+2x64:s8:pr",
+                                           "4x8+3x24+2x24+1x8:s8:pr"),
                          [](const auto& info) {
                            std::string s;
                            for (char c : info.param) {
