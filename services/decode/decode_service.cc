@@ -36,6 +36,8 @@ v1::KvQuantization Quantization(engine::KvCacheFormat format) {
       return v1::KV_QUANTIZATION_INT2_UNIFORM;
     case engine::KvCacheFormat::kInt2LloydMax:
       return v1::KV_QUANTIZATION_INT2_LLOYD_MAX;
+    case engine::KvCacheFormat::kCodec:
+      return v1::KV_QUANTIZATION_CODEC;
     case engine::KvCacheFormat::kEvalFp8:
     case engine::KvCacheFormat::kEvalInt4:
     case engine::KvCacheFormat::kEvalKivi2:
@@ -61,14 +63,15 @@ v1::KvFormat DescribeKvFormat(const engine::Engine& engine) {
   f.set_num_kv_heads(static_cast<uint32_t>(g.num_kv_heads));
   f.set_head_dim(static_cast<uint32_t>(g.head_dim));
   f.set_bf16_page_bytes(static_cast<uint64_t>(kernels::PageBytes(g, kernels::PageEncoding::kBf16)));
-  f.set_history_bits_per_element(engine::HistoryBitsPerElement(format, g));
-  if (format == engine::KvCacheFormat::kInt2 || format == engine::KvCacheFormat::kInt2LloydMax) {
+  f.set_history_bits_per_element(
+      engine::HistoryBitsPerElement(format, g, cache.options().codec.get()));
+  if (cache.split()) {
     f.set_sink_tokens(static_cast<uint32_t>(layout.sink_tokens));
     f.set_recent_window_tokens(static_cast<uint32_t>(layout.recent_tokens));
-    f.set_group_size(static_cast<uint32_t>(g.group_size));
-    f.set_int2_page_bytes(static_cast<uint64_t>(kernels::PageBytes(
-        g, format == engine::KvCacheFormat::kInt2 ? kernels::PageEncoding::kInt2Uniform
-                                                  : kernels::PageEncoding::kInt2LloydMax)));
+    if (format != engine::KvCacheFormat::kCodec) {
+      f.set_group_size(static_cast<uint32_t>(g.group_size));
+    }
+    f.set_int2_page_bytes(static_cast<uint64_t>(cache.history_page_bytes()));
   }
   const std::string& digest = engine.rotations().digest;
   if (!digest.empty() && digest != "identity")

@@ -50,7 +50,9 @@ namespace kvstrata::kvstore {
 using ::kvstrata::Clock;
 using ::kvstrata::SystemClock;
 
-// Which form of a page some bytes are (kvstrata.v1.PageEncoding without UNSPECIFIED).
+// Which form of a page some bytes are (kvstrata.v1.PageEncoding without UNSPECIFIED). kInt2 is
+// the history form of a page past the sink: an INT2 page, or a history codec's (page
+// encodings 2, 3 and 4 of docs/kv-format.md).
 enum class PageForm : uint8_t { kBf16, kInt2, kBf16Recent };
 
 const char* PageFormName(PageForm form);

@@ -65,13 +65,14 @@ struct DecodeInstance {
   std::string engine_identity;  // the engine's tokenizer identity
 };
 
-std::unique_ptr<DecodeInstance> StartDecode(std::vector<std::string> kvstores,
-                                            const std::string& worker_id,
-                                            int64_t local_cache_bytes = 0) {
+std::unique_ptr<DecodeInstance> StartDecode(
+    std::vector<std::string> kvstores, const std::string& worker_id,
+    int64_t local_cache_bytes = 0, engine::KvCacheFormat format = engine::KvCacheFormat::kInt2) {
   const char* model = std::getenv("KVSTRATA_MODEL");
   if (model == nullptr || *model == '\0') return nullptr;
   engine::EngineOptions o;
   o.model_path = model;
+  o.kv_cache.format = format;
   o.default_rotations_dir = "rotations";  // tests run in the source folder
   o.kv_cache.capacity_bytes = int64_t{256} << 20;
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Engine::Load(o);
@@ -231,6 +232,37 @@ TEST(DecodeServiceTest, SecondWorkerReusesPrefixFromTheKvStoreWithTheSameGreedyT
   EXPECT_EQ(b.tokens, a.tokens);
   // The lookup's lease ended with the fetch: the pages can be evicted again.
   EXPECT_EQ(store->store->Stats().active_leases, 0u);
+}
+
+// The codec format's history pages go through the kvstore like INT2's (the store once refused
+// them), and its workers describe the format so a router can rebuild their namespace.
+TEST(DecodeServiceTest, CodecPagesAreSharedThroughTheKvStore) {
+  std::unique_ptr<KvStoreInstance> store = StartKvStore();
+  ASSERT_NE(store, nullptr);
+  std::unique_ptr<DecodeInstance> first =
+      StartDecode({store->server->address()}, "w1c", 0, engine::KvCacheFormat::kCodec);
+  REQUIRE_INSTANCE(first);
+  std::unique_ptr<DecodeInstance> second =
+      StartDecode({store->server->address()}, "w2c", 0, engine::KvCacheFormat::kCodec);
+  REQUIRE_INSTANCE(second);
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(first->stub->GetServerInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.kv_format().quantization(), v1::KV_QUANTIZATION_CODEC);
+  EXPECT_EQ(info.kv_format().name(), "codec-sink64-recent256-p64");
+  EXPECT_NEAR(info.kv_format().history_bits_per_element(), 2.496, 0.001);  // P2v4
+  EXPECT_EQ(info.kv_format().int2_page_bytes(), 232576u);  // docs/kv-format.md
+
+  const v1::GenerateRequest request =
+      Chat(LongSystemPrompt(), "In one sentence, what is this license about?", 12);
+  const Result a = Call(*first->stub, request);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  first->service->WaitForPublishes();
+  const Result b = Call(*second->stub, request);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  ASSERT_TRUE(b.has_usage);
+  EXPECT_GT(b.usage.cached_kvstore_tokens(), 2u * 64);
+  EXPECT_EQ(b.tokens, a.tokens);
 }
 
 TEST(DecodeServiceTest, StoppedKvStoreIsAMissAndTheRequestCompletes) {
