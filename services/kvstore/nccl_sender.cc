@@ -53,7 +53,7 @@ absl::StatusOr<NcclSetup> NcclSender::Setup(const std::string& client_id) {
       if (c->client_id == client_id && !c->stopping) StopLocked(c.get(), &superseded);
     }
     int live = 0;
-    for (auto& [id, c] : comms_) live += c->stopping || c->broken ? 0 : 1;
+    for (auto& [id, c] : comms_) live += c->stopping || c->broken || c->failed ? 0 : 1;
     if (live >= options_.max_communicators) {
       return absl::ResourceExhaustedError(
           absl::StrCat("nccl.setup: the store has max_communicators=", options_.max_communicators,
@@ -139,7 +139,11 @@ NcclSenderCounts NcclSender::Counts() const {
   std::lock_guard<std::mutex> lock(mu_);
   NcclSenderCounts out = counts_;
   out.live_communicators = 0;
-  for (const auto& [id, c] : comms_) out.live_communicators += c->broken || c->stopping ? 0 : 1;
+  // A failed one leaves the count with its failure (the counts above), not when its thread
+  // has finished aborting it.
+  for (const auto& [id, c] : comms_) {
+    out.live_communicators += c->broken || c->stopping || c->failed ? 0 : 1;
+  }
   return out;
 }
 
@@ -170,6 +174,8 @@ void NcclSender::Run(Comm* c) {
     bool stopping;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      c->failed = true;
+      c->ready = false;
       if (init) ++counts_.init_failures;
       if (!absl::IsCancelled(why) || init) ++counts_.aborts;
       FailJobs(c, why, &failed);

@@ -115,6 +115,7 @@ class NcclSender {
     bool join_ended = false;  // joined and warmed up, or failed to
     bool ready = false;
     bool broken = false;  // aborted, or failed to join: the thread ends
+    bool failed = false;  // an error or a deadline ended it: no longer live (set before broken)
     bool stopping = false;
     uint64_t next_transfer_id = 1;
     std::deque<Job> jobs;
