@@ -261,6 +261,20 @@ std::string LayoutName(const kernels::SplitLayout& l) {
   return absl::StrCat("sink", l.sink_tokens, "-recent", l.recent_tokens);
 }
 
+// The history codec a rotation file carries; errors name the format and the file.
+absl::StatusOr<std::string> CarriedCodec(const std::string& format, const std::string& path) {
+  absl::StatusOr<engine::RotationFileInfo> info = engine::ReadRotationFileInfo(path);
+  if (!info.ok()) {
+    return absl::Status(info.status().code(),
+                        absl::StrCat("format ", format, ": ", info.status().message()));
+  }
+  if (info->history_codec.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format ", format, ": ", path, " carries no history_codec"));
+  }
+  return info->history_codec;
+}
+
 }  // namespace
 
 absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
@@ -278,17 +292,7 @@ absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
       f.format = engine::KvCacheFormat::kCodec;
       f.rotations_path = f.rotations_path.substr(12);
       f.rotations = f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
-      absl::StatusOr<engine::RotationFileInfo> info =
-          engine::ReadRotationFileInfo(f.rotations_path);
-      if (!info.ok()) {
-        return absl::Status(info.status().code(),
-                            absl::StrCat("format ", f.name, ": ", info.status().message()));
-      }
-      if (info->history_codec.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("format ", f.name, ": ", f.rotations_path, " carries no history_codec"));
-      }
-      f.codec = info->history_codec;
+      KV_ASSIGN_OR_RETURN(f.codec, CarriedCodec(f.name, f.rotations_path));
       return f;
     }
     if (absl::StartsWith(f.rotations_path, "codec:")) {
@@ -303,17 +307,7 @@ absl::StatusOr<EvalFormat> ResolveEvalFormat(const std::string& name,
                         : f.rotations_path.substr(f.rotations_path.find_last_of('/') + 1);
       if (f.codec.empty() && !f.rotations_path.empty()) {
         // label=codec:@FILE: the codec the rotation file carries (docs/rotation-file.md).
-        absl::StatusOr<engine::RotationFileInfo> info =
-            engine::ReadRotationFileInfo(f.rotations_path);
-        if (!info.ok()) {
-          return absl::Status(info.status().code(),
-                              absl::StrCat("format ", f.name, ": ", info.status().message()));
-        }
-        if (info->history_codec.empty()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("format ", f.name, ": ", f.rotations_path, " carries no history_codec"));
-        }
-        f.codec = info->history_codec;
+        KV_ASSIGN_OR_RETURN(f.codec, CarriedCodec(f.name, f.rotations_path));
       }
       if (f.name.empty() || f.codec.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
