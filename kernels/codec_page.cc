@@ -15,12 +15,6 @@ namespace {
 
 int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// The stored scale of a region of a row: the product of the row's and the region's stored
-// log2 values, never zero (an all-zero region then codes and reads back as ~0).
-float RegionScale(uint8_t row_code, uint8_t ratio_code) {
-  return std::max(LogScaleValue(row_code) * LogScaleValue(ratio_code), 1e-30f);
-}
-
 // The unit levels of the codes one byte holds, for 1, 2 and 4 bits: a row decodes a byte at a
 // time with one lookup instead of a shift and mask per code.
 struct ByteLevels {
@@ -62,6 +56,11 @@ void DecodeRegionRow(const uint8_t* in, int channels, int bits, float s, float* 
 }
 
 }  // namespace
+
+// Never zero: an all-zero region then codes and reads back as ~0.
+float CodecRegionScale(uint8_t row_code, uint8_t ratio_code) {
+  return std::max(LogScaleValue(row_code) * LogScaleValue(ratio_code), 1e-30f);
+}
 
 std::string CodecRecipeUnservable(const SideRecipe& r, int head_dim) {
   if (r.kind != SideRecipe::Kind::kRegions) {
@@ -138,7 +137,7 @@ void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const Si
       const int count = 1 << reg.bits;
       for (int t = 0; t < page_tokens; ++t) {
         const float* x = rows + int64_t{t} * head_dim + c0;
-        const float s = RegionScale(block[l.row_scales + t], block[l.ratios + k]);
+        const float s = CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]);
         uint8_t* out = block + l.region_codes[k] + t * l.region_row_bytes[k];
         for (int i = 0; i < reg.channels; ++i) {
           int c = 0;
@@ -173,7 +172,7 @@ void DecodeCodecBlock(const uint8_t* block, int num_tokens, int page_tokens, int
         continue;
       }
       DecodeRegionRow(block + l.region_codes[k] + t * l.region_row_bytes[k], reg.channels, reg.bits,
-                      RegionScale(block[l.row_scales + t], block[l.ratios + k]), y);
+                      CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]), y);
     }
     c0 += reg.channels;
   }

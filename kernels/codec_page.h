@@ -45,6 +45,9 @@ struct CodecBlockLayout {
 // For a servable recipe (CodecRecipeUnservable empty).
 CodecBlockLayout CodecBlockLayoutFor(const SideRecipe& r, int page_tokens);
 
+// The scale of region k of row t: max(s_t·ρ_k, 1e-30) from their stored codes.
+float CodecRegionScale(uint8_t row_scale_code, uint8_t ratio_code);
+
 // Encodes a full page of rows [page_tokens][head_dim], in the codec's basis, into `block`
 // (CodecBlockLayoutFor(r, page_tokens).bytes bytes, padding included).
 void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,

@@ -31,9 +31,7 @@ void DecodeCodecBlockAvx512(const uint8_t* block, const CodecBlockLayout& l, int
     const uint8_t ratio = block[l.ratios + k];
     for (int t = 0; t < num_tokens; ++t) {
       const uint8_t* in = block + l.region_codes[k] + t * l.region_row_bytes[k];
-      // as RegionScale in codec_page.cc
-      const float s =
-          std::max(LogScaleValue(block[l.row_scales + t]) * LogScaleValue(ratio), 1e-30f);
+      const float s = CodecRegionScale(block[l.row_scales + t], ratio);
       const __m512 scale = _mm512_set1_ps(s);
       float* y = rows + int64_t{t} * head_dim + c0;
       for (int i = 0; i < reg.channels; i += 16) {
