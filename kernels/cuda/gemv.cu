@@ -9,7 +9,9 @@
 #include <algorithm>
 
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ptx.cuh"
+#include "kernels/numeric.h"
 
 namespace kvstrata::kernels {
 
@@ -61,7 +63,10 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + lane + 32 * u);
   }
-  if constexpr (kOverlap) ptx::GridDependencyWait();
+  if constexpr (kOverlap) {
+    ptx::LaunchDependents();  // a GEMV after this one may start streaming its weights too
+    ptx::GridDependencyWait();
+  }
   for (int n = first; n < out; n += gridDim.x * kWarps) {
     const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t{n} * chunks;
     float acc[R];
@@ -112,6 +117,148 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const T* __restrict__ x, 
   }
 }
 
+// One row of W against R rows of x held in shared memory (the fused kernel below): the same
+// loads, sums and order as GemvKernel's, so the result is the same bit for bit. `pre` holds the
+// row's first kUnroll chunks when `prefetched`.
+template <typename T, int R>
+__device__ __forceinline__ void RowDot(const uint4* __restrict__ row, const uint4* xs, int chunks,
+                                       int lane, const uint4 (&pre)[kUnroll], bool prefetched,
+                                       float (&acc)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  int c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+    if (prefetched && c == lane) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[u] = pre[u];
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[u] = __ldcs(row + c + 32 * u);  // streamed once
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float wf[8];
+      ToFloat8<T>(wv[u], wf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float xf[8];
+        ToFloat8<T>(xs[r * chunks + c + 32 * u], xf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+      }
+    }
+  }
+  for (; c < chunks; c += 32) {
+    float wf[8];
+    ToFloat8<T>(__ldcs(row + c), wf);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float xf[8];
+      ToFloat8<T>(xs[r * chunks + c], xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+  }
+}
+
+__device__ __forceinline__ uint16_t ToBits(float f, __nv_bfloat16*) { return FloatToBf16(f); }
+__device__ __forceinline__ uint16_t ToBits(float f, __half*) { return FloatToFp16(f); }
+
+// The GEMV of RMSNorm(x): each CTA normalises the R fp32 rows of x as RmsNormTo does into shared
+// memory in the GEMV's type (with norm_threads <= kThreads, the threads of RmsNormTo's launch,
+// each of as many threads sums the same float4s in the same order and the block reduction adds
+// the same partial sums, the others' zeros changing nothing: the same bits), so the normed rows never go through global memory and the norm is
+// not a launch of its own. Always launched as a programmatic dependent of the kernel before
+// (which writes x). Plain: y[r][n] = Σ W[n]·xn[r]. SwiGLU (act != nullptr): W has 2·out rows,
+// [gate | up], and act[r][n] = silu(g)·u of rows n and out + n, as SwiGluTo would write it.
+template <typename T, int R>
+__global__ void __launch_bounds__(kThreads)
+    GemvNormedKernel(const float* __restrict__ x, int in, const float* __restrict__ norm_weight,
+                     float eps, int norm_threads, const T* __restrict__ w, int out,
+                     float* __restrict__ y, uint16_t* __restrict__ act) {
+  extern __shared__ uint4 s_x[];  // [R][in / 8] chunks of the normed rows
+  __shared__ float s_partial[R][kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int chunks = in / 8;
+  const int first = blockIdx.x * kWarps + warp;
+  const uint4* w4 = reinterpret_cast<const uint4*>(w);
+  // The first weights depend on nothing before: ask for them, then wait for x.
+  uint4 pre[kUnroll];
+  const bool prefetched = first < out && lane + 32 * (kUnroll - 1) < chunks;
+  if (prefetched) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) pre[u] = __ldcs(w4 + int64_t{first} * chunks + lane + 32 * u);
+  }
+  ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
+  ptx::GridDependencyWait();
+  // Σx² per row: thread t sums float4s t, t + norm_threads, ... as RmsNormToVec4Kernel does.
+  const int n4 = in / 4;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int nt = norm_threads <= kThreads ? norm_threads : kThreads;
+  float ss[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    ss[r] = 0.0f;
+    for (int i = threadIdx.x; threadIdx.x < nt && i < n4; i += nt) {
+      const float4 v = __ldg(x4 + int64_t{r} * n4 + i);
+      ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+    if (lane == 0) s_partial[r][warp] = ss[r];
+  }
+  __syncthreads();
+  float inv[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = lane < kWarps ? s_partial[r][lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    inv[r] = rsqrtf(v / in + eps);
+  }
+  // The normed rows, rounded to T, four values per thread and step.
+  uint2* s_x2 = reinterpret_cast<uint2*>(s_x);
+  const float4* nw4 = reinterpret_cast<const float4*>(norm_weight);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
+      const float4 v = __ldg(x4 + int64_t{r} * n4 + i), g = __ldg(nw4 + i);
+      T* tag = nullptr;
+      const uint32_t lo = ToBits(v.x * inv[r] * g.x, tag) | uint32_t{ToBits(v.y * inv[r] * g.y, tag)} << 16;
+      const uint32_t hi = ToBits(v.z * inv[r] * g.z, tag) | uint32_t{ToBits(v.w * inv[r] * g.w, tag)} << 16;
+      s_x2[r * n4 + i] = make_uint2(lo, hi);
+    }
+  }
+  __syncthreads();
+  for (int n = first; n < out; n += gridDim.x * kWarps) {
+    float acc[R];
+    RowDot<T, R>(w4 + int64_t{n} * chunks, s_x, chunks, lane, pre, prefetched && n == first, acc);
+    if (act == nullptr) {
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) y[int64_t{r} * out + n] = acc[r];
+      }
+      continue;
+    }
+    float up[R];
+    RowDot<T, R>(w4 + int64_t{out + n} * chunks, s_x, chunks, lane, pre, false, up);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float g = acc[r];
+        T* tag = nullptr;
+        act[int64_t{r} * out + n] = ToBits(g / (1.0f + expf(-g)) * up[r], tag);
+      }
+    }
+  }
+}
+
 // CTAs of one wave of kernel k on the current device, asked once per kernel (the queries are
 // not stream work, so they may run inside graph capture).
 template <typename Kernel>
@@ -134,18 +281,8 @@ cudaError_t LaunchRowsAs(const T* x, int in, const T* w, int out, float* y, bool
   // One warp per row of W; past the cap the grid-stride loop covers the rest.
   const int cap = v.one_wave ? OneWave(GemvKernel<T, R, kOverlap>) : 8192;
   const int blocks = std::max(1, std::min((out + kWarps - 1) / kWarps, cap));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = 1;
-  if (kOverlap) {
-    config.attrs = overlap;
-    config.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&config, GemvKernel<T, R, kOverlap>, x, in, w, out, y, accumulate);
+  return LaunchKernel(kOverlap, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                      GemvKernel<T, R, kOverlap>, x, in, w, out, y, accumulate);
 }
 
 template <typename T, int R>
@@ -169,7 +306,58 @@ cudaError_t Launch(const void* x, int rows, int in, const void* w, int out, floa
   }
 }
 
+template <typename T>
+cudaError_t LaunchNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
+                         const void* w, int out, float* y, void* act, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(std::max(1, std::min((out + kWarps - 1) / kWarps, 8192))));
+  const size_t smem = static_cast<size_t>(rows) * in * sizeof(T);
+  const T* wt = static_cast<const T*>(w);
+  uint16_t* a = static_cast<uint16_t*>(act);
+  // RmsNormTo's threads for a row of in / 4 float4s, up to kNormMaxVec each (model_ops.cu).
+  const int per_thread = (in / 4 + 3) / 4;
+  const int norm_threads = std::min(1024, std::max(32, (per_thread + 31) / 32 * 32));
+  return rows == 1 ? LaunchKernel(true, grid, dim3(kThreads), smem, stream, GemvNormedKernel<T, 1>,
+                                  x, in, norm_weight, eps, norm_threads, wt, out, y, a)
+                   : LaunchKernel(true, grid, dim3(kThreads), smem, stream, GemvNormedKernel<T, 2>,
+                                  x, in, norm_weight, eps, norm_threads, wt, out, y, a);
+}
+
+cudaError_t Normed(const float* x, int rows, int in, const float* norm_weight, float eps,
+                   const void* w, int out, float* y, void* act, GemmType type,
+                   cudaStream_t stream) {
+  if (!GemvRmsNormedSupports(rows, in, type, x, norm_weight, w) || out <= 0 ||
+      (act == nullptr && y == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return type == GemmType::kBf16
+             ? LaunchNormed<__nv_bfloat16>(x, rows, in, norm_weight, eps, w, out, y, act, stream)
+             : LaunchNormed<__half>(x, rows, in, norm_weight, eps, w, out, y, act, stream);
+}
+
 }  // namespace
+
+bool GemvRmsNormedSupports(int rows, int in, GemmType type, const float* x,
+                           const float* norm_weight, const void* w) {
+  return rows >= 1 && rows <= kGemvNormedMaxRows && in > 0 && in % 8 == 0 &&
+         int64_t{rows} * in * 2 <= kGemvNormedMaxSmemBytes &&
+         (type == GemmType::kBf16 || type == GemmType::kFp16) &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(norm_weight) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+cudaError_t GemvRmsNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
+                          const void* w, int out, float* y, GemmType type, cudaStream_t stream) {
+  if (y == nullptr) return cudaErrorInvalidValue;
+  return Normed(x, rows, in, norm_weight, eps, w, out, y, nullptr, type, stream);
+}
+
+cudaError_t GemvRmsNormedSwiGlu(const float* x, int rows, int in, const float* norm_weight,
+                                float eps, const void* w, int out, void* act, GemmType type,
+                                cudaStream_t stream) {
+  if (act == nullptr || reinterpret_cast<uintptr_t>(act) % 2 != 0) return cudaErrorInvalidValue;
+  return Normed(x, rows, in, norm_weight, eps, w, out, nullptr, act, type, stream);
+}
 
 bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w) {
   return rows >= 1 && rows <= kGemvMaxRows && in > 0 && in % 8 == 0 &&

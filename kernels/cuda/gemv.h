@@ -37,4 +37,30 @@ cudaError_t Gemv(const void* x, int rows, int in, const void* w, int out, float*
                  bool accumulate, GemmType type, cudaStream_t stream,
                  const GemvVariant& variant = {});
 
+// The GEMV of an RMS-normed input, the norm done inside the GEMV's CTAs (for decode at 1-2
+// rows, where the norm as a launch of its own costs more than its work): x fp32 [rows][in]
+// (contiguous), normalised as RmsNormTo does it with norm_weight [in] and eps, rounded to `type`
+// in each CTA's shared memory; the normed rows are never written out. Launched as a programmatic
+// dependent of the kernel before it (which may be writing x): the CTAs ask for their first
+// weights, then wait for x. On rows of up to 4,096 values the results equal RmsNormTo + Gemv
+// (+ SwiGluTo) bit for bit (the sum of squares is taken in RmsNormTo's order).
+inline constexpr int kGemvNormedMaxRows = 2;
+inline constexpr int64_t kGemvNormedMaxSmemBytes = 48 * 1024;  // the normed rows, per CTA
+
+// rows in [1, kGemvNormedMaxRows], in a multiple of 8 with rows·in 16-bit values within
+// kGemvNormedMaxSmemBytes, a bf16 or fp16 type, x, norm_weight and w 16-byte aligned.
+bool GemvRmsNormedSupports(int rows, int in, GemmType type, const float* x,
+                           const float* norm_weight, const void* w);
+
+// y fp32 [rows][out] = RMSNorm(x) · Wᵀ, W [out][in].
+cudaError_t GemvRmsNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
+                          const void* w, int out, float* y, GemmType type, cudaStream_t stream);
+
+// The MLP's front in one launch: W [2·out][in] holds the gate rows then the up rows, and
+// act `type` [rows][out] = silu(g)·u for g, u = RMSNorm(x) · (gate row n, up row n), as
+// SwiGluTo writes it; the products themselves are never written out.
+cudaError_t GemvRmsNormedSwiGlu(const float* x, int rows, int in, const float* norm_weight,
+                                float eps, const void* w, int out, void* act, GemmType type,
+                                cudaStream_t stream);
+
 }  // namespace kvstrata::kernels
