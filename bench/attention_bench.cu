@@ -104,6 +104,8 @@ constexpr Step kInt2Steps[] = {
      {.combine_head_weights = false}},
     {"+ warps combined with weights per head (default)", {}},
     {"quick start + next page's scores first (off by default)", {.int2_overlap_pages = true}},
+    {"+ launched early: pages asked for while the kernel before (the last layer's merge) runs",
+     {.early_launch = true}},
 };
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},
@@ -111,6 +113,8 @@ constexpr Step kBf16Steps[] = {
      {.bf16_max_pages_per_split = 0, .combine_head_weights = false}},
     {"+ ranges of at most 64 pages", {.combine_head_weights = false}},
     {"+ warps combined with weights per head (default)", {}},
+    {"+ launched early: pages asked for while the kernel before (the last layer's merge) runs",
+     {.early_launch = true}},
 };
 
 // --int2_steps, --bf16_steps: the steps to run (indices into kInt2Steps, kBf16Steps); empty:

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "kernels/cuda/append.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/dispatch.h"
 
 namespace kvstrata::kernels {
@@ -15,6 +17,8 @@ constexpr int kAppendTokenTile = 8;
 
 template <int D>
 __global__ void AppendKernel(AppendParams p) {
+  ptx::GridDependencyWait();  // launched early (overlap_previous): the rows are the kernel before's
+  ptx::LaunchDependents();
   const int layer = blockIdx.x, h = blockIdx.y, kind = blockIdx.z;
   const KvGeometry& g = p.geometry;
   const int heads = g.num_kv_heads;
@@ -58,6 +62,8 @@ __global__ void AppendKernel(AppendParams p) {
 // One CTA per (page, block): 64 threads, one token row each, as EncodeInt2Block.
 template <int D>
 __global__ void DemoteKernel(DemoteParams p) {
+  ptx::GridDependencyWait();  // launched early (overlap_previous): the pages are written before
+  ptx::LaunchDependents();
   const KvGeometry& g = p.geometry;
   const int64_t blocks = NumBlocks(g);
   const int page = static_cast<int>(blockIdx.x / blocks);
@@ -131,8 +137,8 @@ cudaError_t AppendRotatedRows(const AppendParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0) return cudaSuccess;
   const KvGeometry& g = p.geometry;
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
-    AppendKernel<D><<<dim3(g.num_layers, g.num_kv_heads, 2), D, 0, stream>>>(p);
-    return cudaGetLastError();
+    return LaunchKernel(p.overlap_previous, dim3(g.num_layers, g.num_kv_heads, 2), dim3(D), 0,
+                        stream, AppendKernel<D>, p);
   });
 }
 
@@ -142,8 +148,7 @@ cudaError_t DemotePages(const DemoteParams& p, cudaStream_t stream) {
   if (p.num_pages <= 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(p.num_pages * NumBlocks(g));
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
-    DemoteKernel<D><<<grid, 64, 0, stream>>>(p);
-    return cudaGetLastError();
+    return LaunchKernel(p.overlap_previous, dim3(grid), dim3(64), 0, stream, DemoteKernel<D>, p);
   });
 }
 

@@ -34,6 +34,9 @@ struct AppendParams {
   uint8_t* bf16_pool = nullptr;
   int64_t slot_stride = 0;
   KvGeometry geometry;
+  // Launched as a programmatic dependent of the kernel before it (kernels/cuda/launch.cuh): the
+  // launch overlaps that kernel's end; the kernel waits for it before touching memory.
+  bool overlap_previous = false;
 };
 cudaError_t AppendRotatedRows(const AppendParams& params, cudaStream_t stream);
 
@@ -51,6 +54,7 @@ struct DemoteParams {
   // device fp32 [num_layers][2][num_kv_heads] clip ratios in (0, 1]; null = 1 (no clipping)
   const float* clip = nullptr;
   KvGeometry geometry;  // group_size == head_dim, uniform levels
+  bool overlap_previous = false;  // as AppendParams::overlap_previous
 };
 cudaError_t DemotePages(const DemoteParams& params, cudaStream_t stream);
 

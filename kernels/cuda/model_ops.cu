@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/numeric.h"
 
@@ -197,6 +198,8 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, int 
 // l + 32 j, so RoPE's (i, i + D / 2) pairs sit in one lane and (2i, 2i + 1) in lanes l, l ^ 1.
 template <int J>  // head_dim / 32
 __global__ void SplitQkvHeadsKernel(QkvHeadsParams p) {
+  ptx::GridDependencyWait();  // launched early (overlap_previous): qkv is the kernel before's
+  ptx::LaunchDependents();
   constexpr int D = 32 * J;
   const int heads = p.q_heads + 2 * p.kv_heads;
   const int64_t row = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
@@ -309,6 +312,10 @@ __global__ void GatherRowsKernel(const float* in, int cols, const int32_t* row_i
 
 __global__ void GatherRowsToKernel(const float* in, int cols, const int32_t* row_ids, void* out,
                                    GemmType type) {
+  // Launched early (overlap_previous): wait for the kernel before, then let the one after start
+  // (the split decode asks for its pages then: every launch before this one has finished).
+  ptx::GridDependencyWait();
+  ptx::LaunchDependents();
   const int r = blockIdx.x;
   const float* src = in + int64_t{row_ids[r]} * cols;
   const int64_t dst = int64_t{r} * cols;
@@ -322,7 +329,11 @@ template <bool kScatter>
 __global__ void MoveRowsToVec4Kernel(const float* __restrict__ in, int cols,
                                      const int32_t* __restrict__ row_ids, void* __restrict__ out,
                                      GemmType type) {
-  if (kScatter) ptx::LaunchDependents();  // the GEMV after this one may start streaming
+  // Launched early (overlap_previous): wait for the kernel before, then let the one after start,
+  // a GEMV streaming its weights (after a scatter) or the split decode asking for its pages
+  // (after the query gather: every launch before this one has finished by then).
+  ptx::GridDependencyWait();
+  ptx::LaunchDependents();
   const int r = blockIdx.x;
   const float4* src =
       reinterpret_cast<const float4*>(in + int64_t{kScatter ? r : row_ids[r]} * cols);
@@ -340,6 +351,7 @@ __global__ void ScatterRowsKernel(const float* in, int cols, const int32_t* row_
 
 __global__ void ScatterRowsToKernel(const float* in, int cols, const int32_t* row_ids, void* out,
                                     GemmType type) {
+  ptx::GridDependencyWait();  // launched early (overlap_previous)
   ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   const int r = blockIdx.x;
   const float* src = in + int64_t{r} * cols;
@@ -430,20 +442,17 @@ cudaError_t SplitQkvHeads(const QkvHeadsParams& p, cudaStream_t stream) {
   if ((p.q_norm == nullptr) != (p.k_norm == nullptr)) return cudaErrorInvalidValue;
   constexpr int kWarpsPerBlock = 8;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const dim3 grid(blocks), block(32 * kWarpsPerBlock);
   switch (p.head_dim) {
     case 64:
-      SplitQkvHeadsKernel<2><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(p);
-      break;
+      return LaunchKernel(p.overlap_previous, grid, block, 0, stream, SplitQkvHeadsKernel<2>, p);
     case 128:
-      SplitQkvHeadsKernel<4><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(p);
-      break;
+      return LaunchKernel(p.overlap_previous, grid, block, 0, stream, SplitQkvHeadsKernel<4>, p);
     case 256:
-      SplitQkvHeadsKernel<8><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(p);
-      break;
+      return LaunchKernel(p.overlap_previous, grid, block, 0, stream, SplitQkvHeadsKernel<8>, p);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 cudaError_t ConvertFloat(const float* in, int64_t n, void* out, GemmType type,
@@ -489,15 +498,15 @@ cudaError_t GatherRows(const float* in, int cols, const int32_t* row_ids, int ro
 }
 
 cudaError_t GatherRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
-                         GemmType type, cudaStream_t stream) {
+                         GemmType type, cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(rows));
   if (cols % 4 == 0 && Aligned16(in) && Aligned16(out)) {
-    MoveRowsToVec4Kernel<false><<<rows, Vec4Threads(cols / 4), 0, stream>>>(in, cols, row_ids, out,
-                                                                            type);
-  } else {
-    GatherRowsToKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out, type);
+    return LaunchKernel(overlap_previous, grid, dim3(Vec4Threads(cols / 4)), 0, stream,
+                        MoveRowsToVec4Kernel<false>, in, cols, row_ids, out, type);
   }
-  return cudaGetLastError();
+  return LaunchKernel(overlap_previous, grid, dim3(kRowThreads), 0, stream, GatherRowsToKernel, in,
+                      cols, row_ids, out, type);
 }
 
 cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
@@ -508,15 +517,15 @@ cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int r
 }
 
 cudaError_t ScatterRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
-                          GemmType type, cudaStream_t stream) {
+                          GemmType type, cudaStream_t stream, bool overlap_previous) {
   if (rows <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(rows));
   if (cols % 4 == 0 && Aligned16(in) && Aligned16(out)) {
-    MoveRowsToVec4Kernel<true><<<rows, Vec4Threads(cols / 4), 0, stream>>>(in, cols, row_ids, out,
-                                                                            type);
-  } else {
-    ScatterRowsToKernel<<<rows, kRowThreads, 0, stream>>>(in, cols, row_ids, out, type);
+    return LaunchKernel(overlap_previous, grid, dim3(Vec4Threads(cols / 4)), 0, stream,
+                        MoveRowsToVec4Kernel<true>, in, cols, row_ids, out, type);
   }
-  return cudaGetLastError();
+  return LaunchKernel(overlap_previous, grid, dim3(kRowThreads), 0, stream, ScatterRowsToKernel, in,
+                      cols, row_ids, out, type);
 }
 
 }  // namespace kvstrata::kernels

@@ -70,6 +70,9 @@ struct QkvHeadsParams {
   float* q = nullptr;
   float* k = nullptr;
   float* v = nullptr;
+  // Launched as a programmatic dependent of the kernel before it (kernels/cuda/launch.cuh): the
+  // launch overlaps that kernel's end; the kernel waits for it before touching memory.
+  bool overlap_previous = false;
 };
 cudaError_t SplitQkvHeads(const QkvHeadsParams& p, cudaStream_t stream);
 
@@ -91,14 +94,18 @@ cudaError_t RotateHeadsTo(const float* in, int rows, int heads, int head_dim, co
 cudaError_t GatherRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
                        cudaStream_t stream);
 // The same, written in `type`.
+// overlap_previous: launched as a programmatic dependent of the kernel before it
+// (kernels/cuda/launch.cuh; it waits for that kernel before touching memory, and only then lets
+// the kernel after it start, so a split decode launched early after it reads final pages).
 cudaError_t GatherRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
-                         GemmType type, cudaStream_t stream);
+                         GemmType type, cudaStream_t stream, bool overlap_previous = false);
 
 // out fp32 rows `row_ids` [rows] of a [*][cols] matrix = in fp32 [rows][cols].
 cudaError_t ScatterRows(const float* in, int cols, const int32_t* row_ids, int rows, float* out,
                         cudaStream_t stream);
 // The same, written in `type`.
+// overlap_previous as for GatherRowsTo.
 cudaError_t ScatterRowsTo(const float* in, int cols, const int32_t* row_ids, int rows, void* out,
-                          GemmType type, cudaStream_t stream);
+                          GemmType type, cudaStream_t stream, bool overlap_previous = false);
 
 }  // namespace kvstrata::kernels

@@ -21,6 +21,7 @@
 #include <cmath>
 
 #include "kernels/attention_ref.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/cuda/split_decode_bf16.cuh"
@@ -222,7 +223,7 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
 template <int D, bool Overlap>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
-                      Workspace ws, bool quick_start) {
+                      Workspace ws, bool quick_start, bool early) {
   const int h = blockIdx.y, b = blockIdx.z;
   // The staging area: INT2 pages in flight, or one BF16 window page.
   constexpr int kStagingBytes = kWarps * kStages * kStageBytes<D> > kBf16StageBytes<D>
@@ -272,12 +273,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   // quick_start: one page per warp in the launch's first burst of copies (the second is asked
   // for once the queries are in), so first pages land sooner; the queries come in 16-byte loads
   // and their sums from shuffles instead of a loop over shared memory.
+  // early (launched before the kernel in front has finished, SplitDecodeVariant::early_launch):
+  // every stage is filled while that kernel runs; the queries and the workspace wait for it.
   const bool quick = quick_start && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;
+  const int first_burst = min(my_pages, quick && !early ? 1 : kStages);
   if (lane == 0) {
     for (int i = 0; i < kStages; ++i) BarrierInit(&s_bar[warp][i]);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int i = 0; i < (quick ? 1 : kStages) && i < my_pages; ++i) issue(i);
+    for (int i = 0; i < first_burst; ++i) issue(i);
   }
+  ptx::GridDependencyWait();
 
   // Queries of this KV head's group, scaled for exp2.
   const float qscale = p.sm_scale * kLog2e;
@@ -316,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       s_sumq4[n] = part_q4;
     }
     __syncthreads();
-    if (lane == 0 && 1 < my_pages) issue(1);
+    if (lane == 0 && first_burst == 1 && 1 < my_pages) issue(1);
 #pragma unroll
     for (int col = 0; col < 2; ++col) {
       sumq[col] = s_sumq[2 * t + col];
@@ -423,6 +428,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       SoftmaxAndV(st, s, cur);
     }
   }
+  ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
   // Row sums over the 8 row groups of the warp.
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
@@ -498,6 +504,8 @@ __global__ void __launch_bounds__(kThreads) MergeParallelKernel(SplitDecodeCudaP
   constexpr int kLanesPerRow = D / 4, kGroups = kThreads / kLanesPerRow;
   __shared__ float s_red[kWarps];
   __shared__ float4 s_acc[kGroups][kLanesPerRow];
+  ptx::GridDependencyWait();  // the partials (a no-op unless launched early)
+  ptx::LaunchDependents();    // the row scatter after it (launched early) may launch
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
   const int h = hq / G, n = hq % G;
@@ -551,7 +559,7 @@ __global__ void __launch_bounds__(kThreads) MergeParallelKernel(SplitDecodeCudaP
       const float4 a = s_acc[gr][d / 4];
       O += d % 4 == 0 ? a.x : d % 4 == 1 ? a.y : d % 4 == 2 ? a.z : a.w;
     }
-    p.out[(int64_t{b} * p.num_q_heads + hq) * D + d] = L > 0.0f ? O / L : 0.0f;
+    StoreOutput(p, b, hq, d, L > 0.0f ? O / L : 0.0f);
     if (d == 0 && p.lse)
       p.lse[int64_t{b} * p.num_q_heads + hq] = L > 0.0f ? M + logf(L) : -INFINITY;
   }
@@ -710,20 +718,26 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
   const int window_ctas = plan.fused_window ? plan.window_pages : 0;
   const dim3 history_grid(window_ctas + plan.splits, g.num_kv_heads, p.batch);
   const dim3 window_grid(plan.window_pages, g.num_kv_heads, p.batch);
+  const bool early = v.early_launch;
+  const int pps = plan.pages_per_split;
+  const unsigned merge_ctas = static_cast<unsigned>(p.batch * p.num_q_heads);
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
+    cudaError_t e = cudaSuccess;
     if (bf16_history && v.bf16_tensor_cores) {
-      Bf16HistoryMmaKernel<D><<<history_grid, kThreads, kBf16HistorySmemBytes<D>, stream>>>(
-          p, plan.pages_per_split, window_ctas, ws);
+      e = LaunchKernel(early, history_grid, dim3(kThreads), kBf16HistorySmemBytes<D>, stream,
+                       Bf16HistoryMmaKernel<D>, p, pps, window_ctas, ws);
     } else if (bf16_history) {
       Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
-          p, plan.pages_per_split, ws);
+          p, pps, ws);
     } else if (v.int2_overlap_pages) {
-      Int2HistoryKernel<D, true><<<history_grid, kThreads, 0, stream>>>(
-          p, plan.pages_per_split, window_ctas, ws, v.int2_quick_start);
+      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream, Int2HistoryKernel<D, true>,
+                       p, pps, window_ctas, ws, v.int2_quick_start, early);
     } else {
-      Int2HistoryKernel<D, false><<<history_grid, kThreads, 0, stream>>>(
-          p, plan.pages_per_split, window_ctas, ws, v.int2_quick_start);
+      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream,
+                       Int2HistoryKernel<D, false>, p, pps, window_ctas, ws, v.int2_quick_start,
+                       early);
     }
+    if (e != cudaSuccess) return e;
     if (window_ctas == 0) {
       if (v.bf16_tensor_cores) {
         Bf16WindowKernel<D><<<window_grid, kThreads, 0, stream>>>(p, ws);
@@ -732,12 +746,12 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
       }
     }
     if (v.parallel_merge) {
-      MergeParallelKernel<D><<<p.batch * p.num_q_heads, kThreads, ws.slots * sizeof(float),
-                               stream>>>(p, ws);
+      e = LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float), stream,
+                       MergeParallelKernel<D>, p, ws);
     } else {
-      MergeKernel<D><<<p.batch * p.num_q_heads, D, 0, stream>>>(p, ws);
+      e = LaunchKernel(early, dim3(merge_ctas), dim3(D), 0, stream, MergeKernel<D>, p, ws);
     }
-    return cudaGetLastError();
+    return e != cudaSuccess ? e : cudaGetLastError();
   });
 }
 

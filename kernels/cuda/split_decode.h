@@ -30,6 +30,12 @@ struct SplitDecodeCudaParams {
   PagedSegmentView segments[3];
   float* out = nullptr;  // device [batch][num_q_heads][head_dim], rotated value space
   float* lse = nullptr;  // device [batch][num_q_heads] natural log, or null
+  // Or, when out_rows is set, the output rounded to bf16 (fp16 when out_rows_fp16) into row
+  // out_row_ids[b] (b when null) of out_rows [*][num_q_heads][head_dim]: a GEMM's operand
+  // written by the merge itself, with no row scatter after the launch; out is then unused.
+  uint16_t* out_rows = nullptr;
+  const int32_t* out_row_ids = nullptr;
+  bool out_rows_fp16 = false;
 };
 
 // Which kernels a launch uses. The defaults are the fastest; the others are kept so that the
@@ -53,6 +59,13 @@ struct SplitDecodeVariant {
   // The end of a history or window CTA: its warps' weights computed once per head, then float4
   // sums (false: an exponent and a division per output channel).
   bool combine_head_weights = true;
+  // The history launch is a programmatic dependent of the kernel before it: its INT2 CTAs fill
+  // their page stages (the BF16 history CTAs their first pages) before that kernel has
+  // finished, then wait for it before reading the queries or writing the workspace; the window
+  // CTAs wait first. The merge is likewise launched while the history finishes. The caller
+  // guarantees that the kernel just before writes no page this launch reads (in the engine it
+  // is the query gather; the pages were written by launches before that one).
+  bool early_launch = false;
 };
 
 struct SplitDecodePlan {

@@ -155,6 +155,9 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
     }
     ptx::CpAsyncCommit();
   }
+  // The first pages are on their way; the queries (and the workspace) are the kernel before's
+  // (a no-op unless launched early, SplitDecodeVariant::early_launch).
+  ptx::GridDependencyWait();
   // B fragments of Q: (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), straight from its bf16 pairs.
   uint32_t bq[D / 16][2];
   {
@@ -188,6 +191,7 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
                       qscale);
   }
   ptx::CpAsyncWait<0>();
+  ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
 #pragma unroll
@@ -216,6 +220,9 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
 template <int D>
 __device__ __forceinline__ void Bf16WindowSlot(const SplitDecodeCudaParams& p, const Workspace& ws,
                                                int i, int h, int b, uint8_t* smem) {
+  // Launched early (SplitDecodeVariant::early_launch): the window's pages and the workspace
+  // wait for the kernel before.
+  ptx::GridDependencyWait();
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
   const int n0 = p.segments[0].num_pages(b), n2 = p.segments[2].num_pages(b);
   const int64_t row0 = PartialRow(ws, b, p.geometry.num_kv_heads, h, i);

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/split_decode.h"
+#include "kernels/numeric.h"
+
 namespace kvstrata::kernels::split {
 
 constexpr int kWarps = 4;
@@ -22,6 +25,19 @@ struct Workspace {
   int window;       // the first `window` slots are BF16 pages
   bool head_weights = true;  // CombineWarps: weights per (warp, head) first (SplitDecodeVariant)
 };
+
+// The merge's output value for (sequence b, query head hq, channel d): into p.out, or rounded
+// into the row p.out_row_ids[b] of p.out_rows (SplitDecodeCudaParams).
+__device__ __forceinline__ void StoreOutput(const SplitDecodeCudaParams& p, int b, int hq, int d,
+                                            float v) {
+  const int D = p.geometry.head_dim;
+  if (p.out_rows == nullptr) {
+    p.out[(int64_t{b} * p.num_q_heads + hq) * D + d] = v;
+    return;
+  }
+  const int64_t row = p.out_row_ids ? p.out_row_ids[b] : b;
+  p.out_rows[(row * p.num_q_heads + hq) * D + d] = p.out_rows_fp16 ? FloatToFp16(v) : FloatToBf16(v);
+}
 
 __device__ __forceinline__ int64_t PartialRow(const Workspace& ws, int b, int kv_heads, int h,
                                               int slot) {

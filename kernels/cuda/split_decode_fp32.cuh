@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/cuda/split_decode_common.cuh"
 
@@ -221,6 +222,8 @@ __global__ void __launch_bounds__(kThreads)
 // default, kept for the benchmark's side-by-side steps).
 template <int D>
 __global__ void MergeKernel(SplitDecodeCudaParams p, Workspace ws) {
+  ptx::GridDependencyWait();  // the partials (a no-op unless launched early)
+  ptx::LaunchDependents();
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
   const int h = hq / G, n = hq % G;
@@ -238,7 +241,7 @@ __global__ void MergeKernel(SplitDecodeCudaParams p, Workspace ws) {
         O += w * ws.part_o[(row0 + int64_t{s} * kMaxGroup + n) * D + d];
       }
     }
-    p.out[(int64_t{b} * p.num_q_heads + hq) * D + d] = L > 0.0f ? O / L : 0.0f;
+    StoreOutput(p, b, hq, d, L > 0.0f ? O / L : 0.0f);
     if (d == 0 && p.lse)
       p.lse[int64_t{b} * p.num_q_heads + hq] = L > 0.0f ? M + logf(L) : -INFINITY;
   }

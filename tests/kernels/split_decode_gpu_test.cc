@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/attention_ref.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/quant.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -34,7 +35,10 @@ struct Case {
   PageEncoding history = PageEncoding::kInt2Uniform;  // kBf16: the BF16 cache format
 };
 
-double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant = {}) {
+// out_rows_type: kFp32 writes p.out; kBf16 or kFp16 writes p.out_rows through a row map that
+// reverses the sequences (SplitDecodeCudaParams::out_rows), read back and compared the same way.
+double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant = {},
+               GemmType out_rows_type = GemmType::kFp32) {
   const int d = c.head_dim, batch = static_cast<int>(c.sink.size());
   const KvGeometry g{c.layers, c.kv_heads, d, d, 64};
   std::mt19937 rng(seed);
@@ -101,13 +105,17 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
 
   // GPU.
   SplitDecodeCudaParams p;
-  p.q = ToDevice(q_bf16);
+  // The queries are written by a kernel right before the launch (ConvertFloat, which lets a
+  // dependent start early) over other values: a launch that read them before that kernel ended
+  // (SplitDecodeVariant::early_launch) would be caught.
+  p.q = ToDevice(std::vector<uint16_t>(q_bf16.size(), 0x7f7f));
+  float* q_source = ToDevice(q);
   p.batch = batch;
   p.num_q_heads = heads;
   p.layer = ref.layer;
   p.sm_scale = ref.sm_scale;
   p.geometry = g;
-  std::vector<void*> allocations{const_cast<uint16_t*>(p.q)};
+  std::vector<void*> allocations{const_cast<uint16_t*>(p.q), q_source};
   for (int s = 0; s < 3; ++s) {
     uint8_t* pool = ToDevice(pools[s].bytes);
     int32_t* indptr = ToDevice(pools[s].indptr);
@@ -121,6 +129,15 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
   EXPECT_EQ(cudaMalloc(&lse, expect_lse.size() * 4), cudaSuccess);
   p.out = out;
   p.lse = lse;
+  const bool to_rows = out_rows_type != GemmType::kFp32;
+  std::vector<int32_t> row_ids(batch);
+  for (int b = 0; b < batch; ++b) row_ids[b] = batch - 1 - b;
+  if (to_rows) {
+    p.out_rows = ToDevice(std::vector<uint16_t>(expect.size(), 0x7f7f));
+    p.out_row_ids = ToDevice(row_ids);
+    p.out_rows_fp16 = out_rows_type == GemmType::kFp16;
+    allocations.insert(allocations.end(), {p.out_rows, const_cast<int32_t*>(p.out_row_ids)});
+  }
   int sms = c.fake_sms;
   if (sms == 0) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   int max_pages = 0, max_window = 0;
@@ -134,10 +151,28 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
                       variant);
   void* workspace = nullptr;
   EXPECT_EQ(cudaMalloc(&workspace, plan.workspace_bytes), cudaSuccess);
-  EXPECT_EQ(LaunchSplitDecode(p, plan, workspace, nullptr), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t stream;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(ConvertFloat(q_source, static_cast<int64_t>(q.size()), const_cast<uint16_t*>(p.q),
+                         GemmType::kBf16, stream),
+            cudaSuccess);
+  EXPECT_EQ(LaunchSplitDecode(p, plan, workspace, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
   std::vector<float> got(expect.size()), got_lse(expect_lse.size());
-  cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost);
+  if (to_rows) {
+    std::vector<uint16_t> rows(expect.size());
+    cudaMemcpy(rows.data(), p.out_rows, rows.size() * 2, cudaMemcpyDeviceToHost);
+    const size_t per_row = expect.size() / batch;
+    for (int b = 0; b < batch; ++b) {
+      for (size_t i = 0; i < per_row; ++i) {
+        const uint16_t h = rows[row_ids[b] * per_row + i];
+        got[b * per_row + i] = p.out_rows_fp16 ? Fp16ToFloat(h) : Bf16ToFloat(h);
+      }
+    }
+  } else {
+    cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost);
+  }
   cudaMemcpy(got_lse.data(), lse, got_lse.size() * 4, cudaMemcpyDeviceToHost);
   for (void* a : allocations) cudaFree(a);
   cudaFree(out);
@@ -174,6 +209,9 @@ const SplitDecodeVariant kVariants[] = {
     {.int2_quick_start = false},
     {.int2_overlap_pages = true, .int2_quick_start = false},
     {.combine_head_weights = false},
+    {.early_launch = true},
+    {.fuse_window = false, .early_launch = true},
+    {.int2_quick_start = false, .early_launch = true},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
@@ -224,6 +262,21 @@ TEST(SplitDecodeGpu, MatchesCpuReference) {
   std::printf("split decode: %d shape sets (%zu kernel variants), largest error %.3g of the row's "
               "max |o|\n",
               shapes, std::size(kVariants), worst);
+}
+
+// The merge writing a GEMM's 16-bit operand rows itself, through a row map, as the engine's
+// decode does with early launches.
+TEST(SplitDecodeGpu, WritesOutputRowsInSixteenBitFloats) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 500;
+  for (GemmType type : {GemmType::kBf16, GemmType::kFp16}) {
+    for (const SplitDecodeVariant& v : {SplitDecodeVariant{}, SplitDecodeVariant{.early_launch = true},
+                                        kVariants[std::size(kVariants) - 1]}) {
+      RunCase({128, 2, 4, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 319}, 0}, seed++, v, type);
+      RunCase({64, 3, 3, 2, {64, 64}, {20, 3}, {270, 10}, 0, PageEncoding::kBf16}, seed++, v,
+              type);
+    }
+  }
 }
 
 TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
