@@ -67,6 +67,13 @@ ABSL_FLAG(bool, gpu_gemv, true,
 ABSL_FLAG(bool, gpu_gemv_overlap, true,
           "the GEMV streams its first weights while the kernel before it finishes "
           "(programmatic dependent launch); EngineOptions::gpu_gemv_overlap");
+ABSL_FLAG(bool, gpu_gemv_fused_norm, true,
+          "at 1-2 rows, the layers' RMS norms inside the GEMVs after them and SwiGLU inside "
+          "gate/up's (three launches fewer per layer); EngineOptions::gpu_gemv_fused_norm");
+ABSL_FLAG(bool, gpu_early_launches, true,
+          "a layer's kernels between its GEMVs launched as programmatic dependents of the one "
+          "before, attention asking for its pages while the query gather runs; "
+          "EngineOptions::gpu_early_launches");
 ABSL_FLAG(bool, gpu_int2_quick_start, true,
           "the INT2 history kernel's quick start (one page per warp before the queries, 16-byte "
           "query loads); EngineOptions::gpu_int2_quick_start");
@@ -113,7 +120,7 @@ int Category(const char* name) {
   }
   if (has("AppendKernel") || has("DemoteKernel")) return 2;
   if (has("SampleKernel")) return 3;
-  if (has("GemvKernel")) return 0;
+  if (has("GemvKernel") || has("GemvNormedKernel")) return 0;  // the latter with its RMS norm
   if (has("kvstrata")) return 4;
   if (has("gemm") || has("Gemm") || has("nvjet") || has("cutlass") || has("xmma") ||
       has("splitKreduce")) {
@@ -399,7 +406,9 @@ int Main() {
     o.gpu_gemv = absl::GetFlag(FLAGS_gpu_gemv);
     o.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
     o.gpu_gemv_overlap = absl::GetFlag(FLAGS_gpu_gemv_overlap);
+    o.gpu_gemv_fused_norm = absl::GetFlag(FLAGS_gpu_gemv_fused_norm);
     o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
+    o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

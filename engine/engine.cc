@@ -326,8 +326,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.graph_history_buckets = std::max(1, options.cuda_graph_history_buckets);
     cuda.small_batch_gemv = options.gpu_gemv;
     cuda.gemv_overlap = options.gpu_gemv_overlap;
+    cuda.gemv_fused_norm = options.gpu_gemv_fused_norm;
     cuda.fused_layer_ops = options.gpu_fused_layer_ops;
     cuda.int2_quick_start = options.gpu_int2_quick_start;
+    cuda.early_launches = options.gpu_early_launches;
     cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;
     cuda.max_items = options.scheduler.max_running;

@@ -81,6 +81,11 @@ struct EngineOptions {
   // it, so it streams its first weights while that one finishes (-0.25 ms a step of the 8B
   // model at batch 1, docs/benchmarks.md); false: after it, as a plain launch.
   bool gpu_gemv_overlap = true;
+  // cuda: at 1-2 tokens, with the two options above and gpu_fused_layer_ops, each layer's two
+  // RMS norms run inside the GEMV after them (its CTAs normalise the row into shared memory)
+  // and gate/up's GEMV writes silu(gate)·up itself: three launches fewer per layer, the same
+  // results bit for bit on rows of 4,096 (kernels::GemvRmsNormed); false: separate launches.
+  bool gpu_gemv_fused_norm = true;
   // cuda: each layer multiplies [wq; wk; wv] and [w_gate; w_up] as one matrix each, and does
   // the biases, q/k norms and RoPE in one launch (and a few format conversions inside the
   // launches next to them); false: one launch per step (the same arithmetic; for comparison).
@@ -89,6 +94,12 @@ struct EngineOptions {
   // second once they are in) and reads them in 16-byte loads (kernels::SplitDecodeVariant::
   // int2_quick_start; 7-14 % off a batch-1 layer of the 8B shape); false: the former start.
   bool gpu_int2_quick_start = true;
+  // cuda: the kernels of a layer between its GEMVs (the per-head steps, KV append and demotion,
+  // the row moves around attention, attention's merge) are launched as programmatic dependents
+  // of the kernel before them, so each launch overlaps that kernel's end, and attention's
+  // history CTAs ask for their pages while the query gather in front of them runs (kernels::
+  // SplitDecodeVariant::early_launch, both formats). The same results; false: plain launches.
+  bool gpu_early_launches = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

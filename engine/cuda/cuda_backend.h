@@ -41,11 +41,16 @@ struct CudaBackendOptions {
   // The GEMV streams its weights while the kernel before it finishes (programmatic dependent
   // launch; EngineOptions::gpu_gemv_overlap).
   bool gemv_overlap = true;
+  // The layers' RMS norms inside the GEMVs after them, SwiGLU inside gate/up's
+  // (EngineOptions::gpu_gemv_fused_norm).
+  bool gemv_fused_norm = true;
   // One GEMM for q, k and v and one for gate and up, and the launches between them merged
   // (EngineOptions::gpu_fused_layer_ops).
   bool fused_layer_ops = true;
   // The INT2 history kernel's quick start (EngineOptions::gpu_int2_quick_start).
   bool int2_quick_start = true;
+  // The small kernels and attention launched early (EngineOptions::gpu_early_launches).
+  bool early_launches = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

@@ -186,10 +186,14 @@ class CudaBackend final : public Backend {
   absl::Status Gemm(const void* x, int rows, int in, const void* w, int out, float* y,
                     bool accumulate);
   absl::Status Layer(int layer, const Plan& plan);
-  // q_, k_, v_ from hn_: the projections, their biases, q/k norms and RoPE.
-  absl::Status AttentionInputs(const LayerDeviceWeights& w, int T);
-  // x_ += the MLP of hn_.
-  absl::Status Mlp(const LayerDeviceWeights& w, int T);
+  // Whether a pass of T tokens runs each layer's RMS norms inside the GEMVs after them
+  // (CudaBackendOptions::gemv_fused_norm): then hn_ is never written, the GEMVs read x_.
+  bool NormInGemv(int T, const LayerDeviceWeights& w) const;
+  // q_, k_, v_ from hn_ (or RMSNorm(x_) when norm_in_gemv): the projections, their biases,
+  // q/k norms and RoPE.
+  absl::Status AttentionInputs(const LayerDeviceWeights& w, int T, bool norm_in_gemv);
+  // x_ += the MLP of hn_ (or of RMSNorm(x_) when norm_in_gemv).
+  absl::Status Mlp(const LayerDeviceWeights& w, int T, bool norm_in_gemv);
   // Every launch of a pass, from the embedding to the logits GEMM (what a graph captures).
   absl::Status RunPass(const Plan& plan);
   // Replays the decode graph of (items, history_bucket), capturing it first if there is none.

@@ -85,10 +85,16 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
   const float eps = cfg_.rms_norm_eps;
   const kernels::KvGeometry& geo = cache_->geometry();
 
-  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.attn_norm, eps,
-                                             hn_.as<void>(), ht, stream_),
-                          "RmsNormTo");
-  KV_RETURN_IF_ERROR(AttentionInputs(w, T));
+  const bool norm_in_gemv = NormInGemv(T, w);
+  // Launches that overlap the end of the kernel before (each waits for it before touching
+  // memory; CudaBackendOptions::early_launches).
+  const bool early = options_.early_launches;
+  if (!norm_in_gemv) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.attn_norm, eps,
+                                               hn_.as<void>(), ht, stream_),
+                            "RmsNormTo");
+  }
+  KV_RETURN_IF_ERROR(AttentionInputs(w, T, norm_in_gemv));
   const int64_t per_layer = int64_t{nkv} * d * d;
   const int64_t all_layers = int64_t{cfg_.num_layers} * per_layer;
   const float* rk = rot_.identity ? nullptr : rotations_.as<float>() + layer * per_layer;
@@ -118,6 +124,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     a.bf16_pool = const_cast<uint8_t*>(cache_->bf16_pool().base()) + layer * 2 * nkv * bf16_block;
     a.slot_stride = cache_->bf16_pool().slot_bytes();
     a.geometry = one_layer;
+    a.overlap_previous = early;
     KV_CUDA_RETURN_IF_ERROR(kernels::AppendRotatedRows(a, stream_), "AppendRotatedRows");
   }
   if (plan.demote_pages > 0) {
@@ -133,6 +140,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     dp.num_pages_device = plan.demote_count;
     dp.clip = clips_.as<float>() + layer * 2 * nkv;
     dp.geometry = one_layer;
+    dp.overlap_previous = early;
     KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");
   }
   // Attention, in rotated value space, into attn_. A pass of decode rows only, with no rotation
@@ -150,7 +158,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     if (options_.fused_layer_ops) {
       KV_CUDA_RETURN_IF_ERROR(kernels::GatherRowsTo(qr, qdim, plan.decode_rows, nd,
                                                     decode_q_half_.as<void>(), GemmType::kBf16,
-                                                    stream_),
+                                                    stream_, early),
                               "GatherRowsTo");
     } else {
       KV_CUDA_RETURN_IF_ERROR(kernels::GatherRows(qr, qdim, plan.decode_rows, nd,
@@ -163,13 +171,23 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     }
     kernels::SplitDecodeCudaParams dpar = plan.decode;
     dpar.layer = layer;
+    // With early launches, a 16-bit Wo operand comes straight from the merge (the same rounding
+    // as the scatter's), so Wo's GEMV starts its weights while the merge runs.
+    const bool merge_to_rows = o_is_rows && early && ht != GemmType::kFp32;
+    if (merge_to_rows) {
+      dpar.out_rows = o_half_.as<uint16_t>();
+      dpar.out_row_ids = plan.decode_rows;
+      dpar.out_rows_fp16 = ht == GemmType::kFp16;
+    }
     KV_CUDA_RETURN_IF_ERROR(kernels::LaunchSplitDecode(dpar, plan.decode_plan,
                                                        split_workspace_.as<void>(), stream_),
                             "LaunchSplitDecode");
-    if (o_is_rows) {
+    if (merge_to_rows) {
+      // Written by the merge.
+    } else if (o_is_rows) {
       KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRowsTo(decode_out_.as<float>(), qdim,
                                                      plan.decode_rows, nd, o_half_.as<void>(), ht,
-                                                     stream_),
+                                                     stream_, early),
                               "ScatterRowsTo");
     } else {
       KV_CUDA_RETURN_IF_ERROR(kernels::ScatterRows(decode_out_.as<float>(), qdim,
@@ -199,13 +217,29 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
                             "ConvertFloat");
   }
   KV_RETURN_IF_ERROR(Gemm(o_half_.as<void>(), T, qdim, w.wo, H, x_.as<float>(), true));
-  KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.ffn_norm, eps,
-                                             hn_.as<void>(), ht, stream_),
-                          "RmsNormTo");
-  return Mlp(w, T);
+  if (!norm_in_gemv) {
+    KV_CUDA_RETURN_IF_ERROR(kernels::RmsNormTo(x_.as<float>(), H, T, H, w.ffn_norm, eps,
+                                               hn_.as<void>(), ht, stream_),
+                            "RmsNormTo");
+  }
+  return Mlp(w, T, norm_in_gemv);
 }
 
-absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T) {
+bool CudaBackend::NormInGemv(int T, const LayerDeviceWeights& w) const {
+  // The fused GEMV is a programmatic dependent launch of the GEMV kind: it goes with the
+  // GEMV, its overlap and the fused q/k/v and gate/up matrices (bf16 or fp16 weights).
+  if (!options_.gemv_fused_norm || !options_.small_batch_gemv || !options_.gemv_overlap ||
+      !options_.fused_layer_ops) {
+    return false;
+  }
+  return kernels::GemvRmsNormedSupports(T, cfg_.hidden_size, type_, x_.as<float>(), w.attn_norm,
+                                        w.wq) &&
+         kernels::GemvRmsNormedSupports(T, cfg_.hidden_size, type_, x_.as<float>(), w.ffn_norm,
+                                        w.w_gate);
+}
+
+absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T,
+                                          bool norm_in_gemv) {
   const int H = cfg_.hidden_size, d = cfg_.head_dim;
   const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
   const int qdim = nh * d, kvdim = nkv * d;
@@ -213,7 +247,15 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T) {
   const bool interleaved = cfg_.rope_layout == model::RopeLayout::kInterleaved;
   if (options_.fused_layer_ops) {
     // wq, wk and wv lie back to back (UploadWeights): one GEMM, then one launch for the heads.
-    KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.wq, qdim + 2 * kvdim, qkv_.as<float>(), false));
+    if (norm_in_gemv) {
+      KV_CUDA_RETURN_IF_ERROR(kernels::GemvRmsNormed(x_.as<float>(), T, H, w.attn_norm, eps, w.wq,
+                                                     qdim + 2 * kvdim, qkv_.as<float>(), type_,
+                                                     stream_),
+                              "GemvRmsNormed");
+    } else {
+      KV_RETURN_IF_ERROR(
+          Gemm(hn_.as<void>(), T, H, w.wq, qdim + 2 * kvdim, qkv_.as<float>(), false));
+    }
     kernels::QkvHeadsParams p;
     p.qkv = qkv_.as<float>();
     p.tokens = T;
@@ -234,6 +276,7 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T) {
     p.q = q_.as<float>();
     p.k = k_.as<float>();
     p.v = v_.as<float>();
+    p.overlap_previous = options_.early_launches;
     KV_CUDA_RETURN_IF_ERROR(kernels::SplitQkvHeads(p, stream_), "SplitQkvHeads");
     return absl::OkStatus();
   }
@@ -262,9 +305,15 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Mlp(const LayerDeviceWeights& w, int T) {
+absl::Status CudaBackend::Mlp(const LayerDeviceWeights& w, int T, bool norm_in_gemv) {
   const int H = cfg_.hidden_size, inter = cfg_.intermediate_size;
-  if (options_.fused_layer_ops) {
+  if (norm_in_gemv) {
+    // w_gate and w_up lie back to back: one launch gives silu(gate)·up of RMSNorm(x_).
+    KV_CUDA_RETURN_IF_ERROR(kernels::GemvRmsNormedSwiGlu(x_.as<float>(), T, H, w.ffn_norm,
+                                                         cfg_.rms_norm_eps, w.w_gate, inter,
+                                                         act_.as<void>(), type_, stream_),
+                            "GemvRmsNormedSwiGlu");
+  } else if (options_.fused_layer_ops) {
     // w_gate and w_up lie back to back: one GEMM gives each row's [gate | up].
     KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, 2 * inter, gate_.as<float>(), false));
     KV_CUDA_RETURN_IF_ERROR(kernels::SwiGluTo(gate_.as<float>(), gate_.as<float>() + inter, T,

@@ -77,7 +77,8 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
                                bool graphs = true, bool gpu_sampling = true,
                                bool perturbed = false,
                                std::optional<KvCacheFormat> format = std::nullopt,
-                               bool fused_layer_ops = true) {
+                               bool fused_layer_ops = true,
+                               const std::function<void(EngineOptions&)>& tweak = {}) {
     EngineOptions o;
     o.gpu_fused_layer_ops = fused_layer_ops;
     o.device.cuda = cuda;
@@ -91,6 +92,7 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
     o.scheduler.max_running = 8;
     o.scheduler.max_step_tokens = 512;
     o.scheduler.prefill_chunk = 256;
+    if (tweak) tweak(o);
     absl::StatusOr<std::unique_ptr<Engine>> e =
         Engine::Create(perturbed ? *perturbed_ : *model_, o);
     EXPECT_TRUE(e.ok()) << e.status();
@@ -253,6 +255,45 @@ TEST_P(CudaEngineTest, GraphReplayedDecodeStepsMatchLaunchedOnes) {
     return tokens;
   };
   EXPECT_EQ(run(*graphs), run(*eager));
+}
+
+// Decode steps of 1-2 sequences with the launches that overlap the kernel before them (the RMS
+// norms inside the GEMVs after them, attention launched while its query gather runs) give the
+// tokens plain launches give, bit for bit, with bf16 weights (what the fused norm needs) and
+// sequences long enough to demote pages on the way.
+TEST_P(CudaEngineTest, OverlappedLaunchesDecodeAsPlainOnes) {
+  std::unique_ptr<Engine> overlapped = Make(true, GpuWeights::kBf16);
+  std::unique_ptr<Engine> plain =
+      Make(true, GpuWeights::kBf16, true, true, false, std::nullopt, true, [](EngineOptions& o) {
+        o.gpu_gemv_fused_norm = false;
+        o.gpu_early_launches = false;
+      });
+  ASSERT_TRUE(overlapped && plain);
+  const std::string text = Licence("GPL-2");
+  auto run = [&](Engine& e) {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest r = Greedy(e, e.EncodeText(text.substr(i * 700, 300 + i * 400)), 200);
+      r.stop.ignore_eos = true;
+      ids.push_back(*e.Submit(r));
+    }
+    std::vector<std::vector<int32_t>> tokens(ids.size());
+    std::vector<GenerationEvent> events;
+    while (!e.scheduler().idle()) {
+      events.clear();
+      EXPECT_TRUE(e.scheduler().Step(&events).ok());
+      for (const GenerationEvent& ev : events) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] == ev.sequence_id && ev.token >= 0) tokens[i].push_back(ev.token);
+        }
+      }
+    }
+    return tokens;
+  };
+  const std::vector<std::vector<int32_t>> a = run(*overlapped), b = run(*plain);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].size(), 200u);
+  EXPECT_EQ(a, b);
 }
 
 // One GEMM for q/k/v and one for gate/up with the per-head steps in one launch compute what a
