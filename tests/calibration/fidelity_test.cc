@@ -11,11 +11,13 @@
 #include <random>
 
 #include "calibration/calibrate.h"
+#include "calibration/codec_calibration.h"
 #include "calibration/evaluate.h"
 #include "calibration/fidelity_engine.h"
 #include "engine/kv_cache.h"
 #include "engine/rotations.h"
 #include "kernels/bits.h"
+#include "kernels/history_codec.h"
 #include "model/tiny_model.h"
 #include "tests/model/model_test_util.h"
 
@@ -357,6 +359,50 @@ TEST(Fidelity, FirstWindowSkipsWindows) {
   o.first_window = 4;  // a long window per document twice, then nothing left
   EXPECT_THAT(Evaluate(model, docs, {*f}, o).status().message(),
               ::testing::HasSubstr("after the first 4"));
+}
+
+// The one-call codec calibration: each layer's keys and values measured under the base recipe
+// (one side of one layer in the codec at a time), the allocation within the budget, a spec the
+// codec parser takes. Its sensitivities are the next-token KL `Evaluate` measures for the same
+// one-layer format, and a budget below the leanest rungs is refused by name.
+TEST(Fidelity, CalibrateCodecAllocatesEveryLayerWithinTheBudget) {
+  const std::shared_ptr<const model::LoadedModel> model = PlantedModel();
+  const std::vector<TextDocument> docs = {Document("a", 1000, 3), Document("b", 1000, 4)};
+  CodecCalibrationOptions o;
+  o.context = 448;
+  o.windows = 2;
+  absl::StatusOr<CodecCalibration> c = CalibrateCodec(model, docs, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->key_sensitivity.size(), 2u);
+  ASSERT_EQ(c->value_sensitivity.size(), 2u);
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_GT(c->key_sensitivity[l], 0.0);
+    EXPECT_GT(c->value_sensitivity[l], 0.0);
+    EXPECT_TRUE(std::isfinite(c->key_sensitivity[l]) && std::isfinite(c->value_sensitivity[l]));
+  }
+  EXPECT_LE(c->allocation.bits, o.bits + 1e-9);
+  EXPECT_GT(c->allocation.bits, 2.0);
+  EXPECT_LE(c->allocation.predicted, c->allocation.base_predicted * (1 + 1e-12));
+  kernels::HistoryCodec codec;
+  std::string error;
+  EXPECT_TRUE(kernels::ParseHistoryCodec(c->spec, 64, &codec, &error)) << c->spec << ": " << error;
+  // Layer 1's keys alone in the base recipe, measured directly.
+  absl::StatusOr<EvalFormat> one = ResolveEvalFormat(
+      "k1=codec:bf16|bf16;1=4x16+3x16+2x32:eig:s8:pr|bf16", {});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EvalOptions e;
+  e.contexts = {448};
+  e.windows = {2};
+  e.attention_samples = 0;
+  absl::StatusOr<EvalReport> direct = Evaluate(model, docs, {*one}, e);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_DOUBLE_EQ(direct->results[0].kl_mean, c->key_sensitivity[1]);
+
+  o.bits = 1.0;
+  EXPECT_FALSE(CalibrateCodec(model, docs, o).ok());
+  o.bits = 2.5;
+  o.base = "4x16+3x16+2x32:eig:s8:pr";  // no value recipe
+  EXPECT_THAT(CalibrateCodec(model, docs, o).status().message(), ::testing::HasSubstr("base codec"));
 }
 
 TEST(Fidelity, UnknownFormatsAndMissingFilesNameWhatIsWrong) {

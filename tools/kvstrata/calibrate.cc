@@ -19,7 +19,6 @@
 #include "tools/kvstrata/commands.h"
 #include "tools/kvstrata/fidelity_flags.h"
 
-ABSL_FLAG(std::string, out, "", "the rotation file to write (required)");
 ABSL_FLAG(int64_t, tokens, 32768,
           "calibration tokens whose queries, keys and values enter the covariances");
 ABSL_FLAG(int, window_tokens, 1024, "tokens per calibration sequence (>= 512)");

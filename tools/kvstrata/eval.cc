@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "calibration/codec_calibration.h"
 #include "calibration/evaluate.h"
 #include "calibration/layer_ranking.h"
 #include "calibration/text_corpus.h"
@@ -232,21 +233,6 @@ absl::StatusOr<std::vector<double>> ReadNextTokenSensitivity(const std::string& 
   std::vector<double> out;
   for (const calibration::EvalResult& e : r->results) out.push_back(e.kl_mean);
   return out;
-}
-
-// A copy of the rotation file at `from` whose metadata carries the chosen codec.
-absl::Status WriteRotationsWithCodec(const std::string& from, const std::string& to,
-                                     const model::LoadedModel& model, const std::string& spec,
-                                     const std::string& source) {
-  if (from.empty()) return absl::InvalidArgumentError("--rotations-out needs --rotations");
-  absl::StatusOr<engine::RotationSet> r =
-      engine::ReadRotationFile(from, model.config.num_layers, model.config.num_kv_heads,
-                               model.config.head_dim, model.fingerprint);
-  if (!r.ok()) return r.status();
-  engine::RotationFileInfo info = r->info;
-  info.history_codec = spec;
-  info.history_codec_source = source;
-  return engine::WriteRotationFile(to, *r, info);
 }
 
 int RunEval() {
@@ -482,8 +468,11 @@ int RunEval() {
         std::printf("wrote %s\n", path.c_str());
       }
       if (const std::string path = absl::GetFlag(FLAGS_rotations_out); !path.empty()) {
-        absl::Status s = WriteRotationsWithCodec(absl::GetFlag(FLAGS_rotations), path, **model,
-                                                 spec, source.dump());
+        if (absl::GetFlag(FLAGS_rotations).empty()) {
+          return Fail(absl::InvalidArgumentError("--rotations-out needs --rotations"));
+        }
+        absl::Status s = calibration::WriteRotationFileWithCodec(
+            absl::GetFlag(FLAGS_rotations), path, **model, spec, source.dump());
         if (!s.ok()) return Fail(s);
         std::printf("wrote %s (history_codec set)\n", path.c_str());
       }

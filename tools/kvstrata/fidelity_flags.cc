@@ -9,6 +9,8 @@
 #include "model/safetensors.h"
 #include "tools/kvstrata/engine_flags.h"
 
+ABSL_FLAG(std::string, out, "",
+          "calibrate, calibrate-codec: the rotation file to write (required)");
 ABSL_FLAG(std::string, text_dir, "",
           "folder of .txt documents (default: the calibration or evaluation set of "
           "scripts/fetch-text.sh under ${KVSTRATA_CACHE:-~/.cache/kvstrata}/text)");

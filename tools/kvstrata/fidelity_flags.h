@@ -11,6 +11,7 @@
 #include "model/model.h"
 
 ABSL_DECLARE_FLAG(std::string, text_dir);
+ABSL_DECLARE_FLAG(std::string, out);
 
 namespace kvstrata::cli {
 
