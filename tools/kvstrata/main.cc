@@ -11,6 +11,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "tools/kvstrata/commands.h"
 
 namespace kvstrata::cli {
@@ -28,11 +29,13 @@ std::string Usage() {
   std::string text =
       "kvstrata: a 2-bit KV cache for long-context LLM serving.\n\n"
       "usage: kvstrata <command> [flags]\n\ncommands:\n";
-  for (const auto& [name, command] : kvstrata::cli::Commands()) {
-    text += "  " + name + std::string(name.size() < 14 ? 14 - name.size() : 1, ' ') +
-            command.summary + "\n";
-  }
-  text += "  help          this text; `kvstrata <command> --help` lists a command's flags\n";
+  size_t width = 4;  // "help"
+  for (const auto& [name, command] : kvstrata::cli::Commands()) width = std::max(width, name.size());
+  const auto line = [&](const std::string& name, const std::string& summary) {
+    text += "  " + name + std::string(width + 2 - name.size(), ' ') + summary + "\n";
+  };
+  for (const auto& [name, command] : kvstrata::cli::Commands()) line(name, command.summary);
+  line("help", "this text; `kvstrata <command> --help` lists a command's flags");
   return text;
 }
 
@@ -40,7 +43,8 @@ std::string Usage() {
 
 int main(int argc, char** argv) {
   const std::string usage = Usage();
-  absl::SetProgramUsageMessage(usage);
+  // absl prints the program's name before this message itself.
+  absl::SetProgramUsageMessage(absl::StripPrefix(usage, "kvstrata: "));
   if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
       !std::strcmp(argv[1], "-h")) {
     std::fputs(usage.c_str(), argc < 2 ? stderr : stdout);
@@ -61,9 +65,9 @@ int main(int argc, char** argv) {
     const auto from = [&](const char* stem) {
       return absl::EndsWith(file, absl::StrCat("tools/kvstrata/", stem, ".cc"));
     };
-    const bool engine =
-        name == "generate" || name == "bench-engine" || name == "eval" || name == "calibrate";
-    const bool fidelity = name == "eval" || name == "calibrate";
+    const bool engine = name == "generate" || name == "bench-engine" || name == "eval" ||
+                        name == "calibrate" || name == "calibrate-codec";
+    const bool fidelity = name == "eval" || name == "calibrate" || name == "calibrate-codec";
     const bool client = name == "demo-chat" || name == "health" || name == "request";
     return from(own.c_str()) || (engine && from("engine_flags")) ||
            (fidelity && from("fidelity_flags")) || (client && from("generation_client"));
