@@ -6,10 +6,11 @@
 //
 // The same split decode also runs over the BF16 cache format (every page BF16) beside it, and
 // each step of the kernel round runs side by side (kInt2Steps, kBf16Steps), for Qwen3-8B's
-// shape and the default model's (head_dim 64, 9 query / 3 KV heads).
+// shape and the default model's (head_dim 64, 9 query / 3 KV heads). --formats codec adds the
+// codec format's history (--codec64 / --codec128: its recipes, every layer) at about INT2's bits.
 //
 //   kvstrata_bench_attention [--contexts 8192,32768,...] [--batches 1,8,32] [--iters N]
-//                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16]
+//                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec]
 //                            [--rounds R] [--int2_steps i,j] [--bf16_steps i,j]
 //
 // The steps at one point (shape, batch, context) are timed in rotated rounds (--rounds, default
@@ -29,6 +30,7 @@
 
 #include "bench/copy_bandwidth.h"
 #include "kernels/bits.h"
+#include "kernels/codec_page.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/split_decode.h"
 
@@ -143,6 +145,9 @@ void* Workspace(const SplitDecodePlan& plan) {
   return ws;
 }
 
+// A codec history: each layer's blocks (SplitDecodeCudaParams::codec), set per launch.
+std::vector<CodecLayerLayout> g_codec_layouts;
+
 // The layers' launches (layers 0..layers-1) captured in one graph.
 cudaGraphExec_t CaptureLayers(SplitDecodeCudaParams p, const SplitDecodePlan& plan, void* ws,
                               int layers, cudaStream_t stream) {
@@ -151,6 +156,7 @@ cudaGraphExec_t CaptureLayers(SplitDecodeCudaParams p, const SplitDecodePlan& pl
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (int l = 0; l < layers; ++l) {
     p.layer = l;
+    if (!g_codec_layouts.empty()) p.codec = g_codec_layouts[l];
     CHECK_CUDA(LaunchSplitDecode(p, plan, ws, stream));
   }
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
@@ -266,20 +272,25 @@ struct Cache {
   SplitSegments seg;
 };
 
-Cache MakeCache(const Shape& s, int layers, int batch, int context, bool bf16_history) {
+// codec_page_bytes > 0: a history of codec pages of that size (their bytes random: every byte
+// is a valid code or scale code).
+Cache MakeCache(const Shape& s, int layers, int batch, int context, bool bf16_history,
+                int64_t codec_page_bytes = 0) {
   Cache c;
   const KvGeometry g{layers, s.kv_heads, s.head_dim, s.head_dim, 64};
   const SplitLayout layout;
   c.seg = SegmentsAt(layout, context);
   c.history_pages = static_cast<int>(c.seg.history / 64);
   c.recent_pages = static_cast<int>((c.seg.recent + 63) / 64);
-  const PageEncoding history_encoding =
-      bf16_history ? PageEncoding::kBf16 : PageEncoding::kInt2Uniform;
-  const int64_t history_stride = PageBytes(g, history_encoding);
+  const bool codec = codec_page_bytes > 0;
+  const PageEncoding history_encoding = codec          ? PageEncoding::kCodec
+                                        : bf16_history ? PageEncoding::kBf16
+                                                       : PageEncoding::kInt2Uniform;
+  const int64_t history_stride = codec ? codec_page_bytes : PageBytes(g, history_encoding);
   const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
   CHECK_CUDA(cudaMalloc(&c.history_pool, int64_t{batch} * c.history_pages * history_stride + 256));
   CHECK_CUDA(cudaMalloc(&c.bf16_pool, int64_t{batch} * (1 + c.recent_pages) * bf16_stride));
-  if (bf16_history) {
+  if (bf16_history || codec) {
     FillBf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(c.history_pool),
                             int64_t{batch} * c.history_pages * history_stride / 2, 5);
   } else {
@@ -460,6 +471,65 @@ void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
   FreeCache(c);
 }
 
+// The codec format's history (every layer under the recipes of `spec`) through the same split
+// decode, beside INT2 at about the same bits: the codec's price in decode speed.
+void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const std::string& spec) {
+  HistoryCodec codec;
+  std::string error;
+  if (!ParseHistoryCodec(spec, s.head_dim, &codec, &error)) {
+    std::fprintf(stderr, "--codec: %s\n", error.c_str());
+    std::exit(2);
+  }
+  int64_t at = kPageHeaderBytes;
+  g_codec_layouts.clear();
+  for (int l = 0; l < s.layers; ++l) {
+    const int64_t kb = CodecBlockLayoutFor(codec.Side(l, 0), 64).bytes;
+    const int64_t vb = CodecBlockLayoutFor(codec.Side(l, 1), 64).bytes;
+    g_codec_layouts.push_back(
+        CodecLayerLayoutFor(codec.Side(l, 0), codec.Side(l, 1), 64, at, at + s.kv_heads * kb));
+    at += s.kv_heads * (kb + vb);
+  }
+  const int64_t page_bytes = (at + 63) / 64 * 64;
+  Cache c = MakeCache(s, s.layers, batch, context, /*bf16_history=*/false, page_bytes);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  const int d = s.head_dim;
+  const double block_bytes =
+      static_cast<double>(g_codec_layouts[0].side[0].block_bytes + g_codec_layouts[0].side[1].block_bytes);
+  const double hist_bytes = static_cast<double>(batch) * c.history_pages * s.kv_heads * block_bytes;
+  const double window_bytes =
+      static_cast<double>(batch) * (c.seg.sink + c.seg.recent) * 2 * s.kv_heads * d * 2;
+  const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * s.q_heads * d * 2;
+  const double bits = block_bytes * 8 / (2.0 * 64 * d);
+  const Step steps[] = {
+      {"every value scaled as decoded", {.codec_page_tables = false}},
+      {"page tables, row scales on scores and probabilities (default)", {}},
+  };
+  std::vector<SplitDecodePlan> plans;
+  for (const Step& step : steps) {
+    plans.push_back(PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
+                                    SplitDecodeCtasPerSm(d, PageEncoding::kCodec, step.variant),
+                                    PageEncoding::kCodec, step.variant));
+  }
+  const std::vector<Timing> times = TimeStepsRotated(c.p, plans, s.layers, iters, stream);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const double us = times[i].median_us;
+    std::printf(
+        "{\"kernel\": \"kvstrata-codec-split\", \"shape\": \"%s\", \"step\": \"%s\", "
+        "\"codec\": \"%s\", \"history_bits_per_element\": %.3f, \"batch\": %d, "
+        "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, "
+        "\"tb_per_s\": %.3f, \"splits\": %d, \"pages_per_split\": %d, \"fused_window\": %s, "
+        "%s}\n",
+        s.name, steps[i].name, spec.c_str(), bits, batch, context, us, bytes,
+        bytes / (us * 1e-6) / 1e12, plans[i].splits, plans[i].pages_per_split,
+        plans[i].fused_window ? "true" : "false", TimingFields(times[i]).c_str());
+  }
+  std::fflush(stdout);
+  g_codec_layouts.clear();
+  cudaStreamDestroy(stream);
+  FreeCache(c);
+}
+
 // The BF16 cache format (every page BF16) through the same split decode: the baseline the INT2
 // format is compared with end to end. As many distinct layers as fit in `budget` bytes (at
 // least 2, at most the model's), as torch's side gets.
@@ -510,6 +580,11 @@ int main(int argc, char** argv) {
   int iters = 20;
   std::string shapes = "qwen3-8b,smollm2-135m", formats = "int2,bf16";
   double budget_gb = 60;
+  // The codec at about INT2's bits: P2v4's base recipe for head_dim 64 (2.41 bits per history
+  // element, padding counted, against INT2's 2.50), the same mix of regions for 128 (2.33
+  // against 2.25).
+  std::string codec64 = "4x16+3x16+2x32:s8:pr|3x16+2x16+1x32:s8:pr";
+  std::string codec128 = "4x32+3x32+2x64:s8:pr|3x32+2x32+1x64:s8:pr";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--contexts"))
       contexts = kvstrata::kernels::ParseList(argv[i + 1]);
@@ -521,6 +596,10 @@ int main(int argc, char** argv) {
       shapes = argv[i + 1];
     else if (!std::strcmp(argv[i], "--formats"))
       formats = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--codec64"))
+      codec64 = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--codec128"))
+      codec128 = argv[i + 1];
     else if (!std::strcmp(argv[i], "--bf16_budget_gb"))
       budget_gb = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--rounds"))
@@ -532,7 +611,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N] "
-                   "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16] [--bf16_budget_gb G] "
+                   "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec] "
+                   "[--codec64 SPEC] [--codec128 SPEC] [--bf16_budget_gb G] "
                    "[--rounds R] [--int2_steps i,j] [--bf16_steps i,j] (indices of the steps; "
                    "all by default)\n",
                    argv[i], argv[0]);
@@ -554,6 +634,9 @@ int main(int argc, char** argv) {
       for (int c : contexts) {
         if (formats.find("int2") != std::string::npos)
           kvstrata::kernels::RunInt2(shape, b, c, iters, sms);
+        if (formats.find("codec") != std::string::npos)
+          kvstrata::kernels::RunCodec(shape, b, c, iters, sms,
+                                      shape.head_dim == 64 ? codec64 : codec128);
         if (formats.find("bf16") != std::string::npos)
           kvstrata::kernels::RunBf16(shape, b, c, iters, sms, budget_gb * 1e9);
       }

@@ -25,10 +25,9 @@
 #include <string>
 
 #include "kernels/history_codec.h"
+#include "kernels/kv_layout.h"
 
 namespace kvstrata::kernels {
-
-inline constexpr int kMaxCodecRegions = 16;
 
 // Empty when recipe `r` can be a serving format's history side for rows of head_dim; otherwise
 // why not (for an error message).
@@ -44,6 +43,11 @@ struct CodecBlockLayout {
 };
 // For a servable recipe (CodecRecipeUnservable empty).
 CodecBlockLayout CodecBlockLayoutFor(const SideRecipe& r, int page_tokens);
+
+// The layout the CUDA kernels take for one layer's blocks (kernels/kv_layout.h): recipes k_recipe
+// and v_recipe (servable), KV head 0's K block at k_block0 and V block at v_block0 in the page.
+CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecipe& v_recipe,
+                                     int page_tokens, int64_t k_block0, int64_t v_block0);
 
 // The scale of region k of row t: max(s_t·ρ_k, 1e-30) from their stored codes.
 float CodecRegionScale(uint8_t row_scale_code, uint8_t ratio_code);

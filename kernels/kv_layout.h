@@ -125,6 +125,24 @@ KV_HOST_DEVICE int VCodeBit(int token, int c, int head_dim) {
   return word * 32 + 16 * elem + 2 * (u % 8);
 }
 
+// The codec blocks (PageEncoding::kCodec, kernels/codec_page.h) of one layer of a history page,
+// as the CUDA kernels read and write them: plain data, filled on the host by CodecLayerLayoutFor.
+// Regions are channel ranges of `channels` codes of `bits` bits (0: dropped), in order.
+inline constexpr int kMaxCodecRegions = 16;
+struct CodecSideLayout {
+  int64_t block0 = 0;       // byte offset in the page of KV head 0's block (heads follow)
+  int32_t block_bytes = 0;  // one KV head's block, padding included
+  int32_t row_scales = 0;   // offset in a block of the page_tokens row-scale codes
+  int32_t ratios = 0;       // offset in a block of the region-ratio codes
+  int32_t num_regions = 0;
+  int32_t codes[kMaxCodecRegions] = {};     // offset in a block of each region's codes
+  uint8_t bits[kMaxCodecRegions] = {};      // 0..4
+  uint8_t channels[kMaxCodecRegions] = {};  // <= head_dim (128)
+};
+struct CodecLayerLayout {
+  CodecSideLayout side[2];  // K, V
+};
+
 // Reconstruction levels of the INT2 codes: x = offset + scale * levels[code].
 struct Int2Levels {
   float v[4];

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cuda/append.h"
+#include "kernels/cuda/codec_block.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/dispatch.h"
@@ -131,7 +132,119 @@ __global__ void DemoteKernel(DemoteParams p) {
   for (int i = t; i < 64 * D / 16; i += 64) reinterpret_cast<uint32_t*>(dst)[i] = packed[i];
 }
 
+// LogScaleCode (kernels/history_codec.h) on the device: the same double arithmetic.
+__device__ __forceinline__ uint8_t LogScaleCode(float s) {
+  if (!(s > 0.0f)) return 0;
+  const long long c = llround(8.0 * log2(static_cast<double>(s))) + 160;
+  return static_cast<uint8_t>(c < 1 ? 1 : c > 255 ? 255 : c);
+}
+
+// The most bytes one codec block takes (codes of at most 4 bits, each region padded to 16, the
+// row scales, the ratios and the padding), as kernels/cuda/split_decode_codec.cuh reads them.
+template <int D>
+constexpr int kCodecBlockMaxBytes = 64 * D / 2 + 16 * kMaxCodecRegions + 64 + 32;
+
+// One CTA per (page, K|V, KV head) of one layer; 64 threads, one token row each. Every step in
+// EncodeCodecBlock's order and arithmetic: the per-region sums in double, the page's region
+// energies summed over rows in row order, codes by counting the level midpoints below a value.
+template <int D>
+__global__ void DemoteCodecKernel(DemoteCodecParams p) {
+  ptx::GridDependencyWait();  // launched early (overlap_previous): the pages are written before
+  ptx::LaunchDependents();
+  const KvGeometry& g = p.geometry;
+  const int heads = g.num_kv_heads;
+  const int page = static_cast<int>(blockIdx.x / (2 * heads));
+  if (p.num_pages_device != nullptr && page >= *p.num_pages_device) return;
+  const int kind = static_cast<int>(blockIdx.x / heads) % 2;
+  const int head = static_cast<int>(blockIdx.x % heads);
+  const CodecSideLayout& side = p.codec.side[kind];
+  const uint8_t* src = p.bf16_pool + int64_t{p.src_slot[page]} * p.bf16_stride + kPageHeaderBytes +
+                       (int64_t{kind} * heads + head) * BlockBytes(g, PageEncoding::kBf16);
+  uint8_t* dst = p.history_pool + int64_t{p.dst_slot[page]} * p.history_stride + side.block0 +
+                 int64_t{head} * side.block_bytes;
+  __shared__ float x[64][D + 1];
+  __shared__ double energy[64][kMaxCodecRegions];  // per row: the region's Σx² / channels
+  __shared__ double row_energy[64];                 // per row: Σx² / D
+  __shared__ __align__(16) uint8_t block[kCodecBlockMaxBytes<D>];
+  __shared__ float s_levels[5][16];
+  __shared__ float s_scales[256];
+  codec::LoadTables(s_levels, s_scales);
+  const int t = threadIdx.x;
+  for (int i = t; i < side.block_bytes / 16; i += 64) {
+    reinterpret_cast<uint4*>(block)[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  for (int i = 0; i < D; ++i) x[t][i] = Bf16ToFloat(reinterpret_cast<const uint16_t*>(src)[t * D + i]);
+  double row_sq = 0.0;
+  {
+    int c0 = 0;
+    for (int k = 0; k < side.num_regions; ++k) {
+      double sq = 0.0;
+      for (int i = 0; i < side.channels[k]; ++i) {
+        const double v = x[t][c0 + i];
+        sq = __dadd_rn(sq, __dmul_rn(v, v));  // no fused multiply-add: as the CPU computes it
+      }
+      row_sq += sq;
+      energy[t][k] = sq / side.channels[k];
+      c0 += side.channels[k];
+    }
+  }
+  row_energy[t] = row_sq / D;
+  __syncthreads();  // the zeroed block, the tables and every row's energies
+  block[side.row_scales + t] = LogScaleCode(static_cast<float>(sqrt(row_sq / D)));
+  if (t < side.num_regions) {
+    double total = 0.0, e = 0.0;
+    for (int r = 0; r < 64; ++r) {
+      total += row_energy[r];
+      e += energy[r][t];
+    }
+    block[side.ratios + t] = total > 0.0 ? LogScaleCode(static_cast<float>(sqrt(e / total))) : 0;
+  }
+  __syncthreads();  // the scale codes
+  int c0 = 0;
+  for (int k = 0; k < side.num_regions; ++k) {
+    const int bits = side.bits[k], channels = side.channels[k];
+    if (bits > 0) {
+      const float* levels = s_levels[bits];
+      const int count = 1 << bits;
+      const float s = codec::RegionScale(s_scales[block[side.row_scales + t]],
+                                         s_scales[block[side.ratios + k]]);
+      const float half_s = __fmul_rn(0.5f, s);
+      uint8_t* out = block + side.codes[k] + t * (channels * bits / 8);
+      for (int i0 = 0; i0 < channels; i0 += 8) {  // eight codes fill `bits` bytes
+        uint32_t w = 0;
+        for (int j = 0; j < 8; ++j) {
+          const float v = x[t][c0 + i0 + j];
+          int c = 0;
+          while (c + 1 < count && v > __fmul_rn(half_s, __fadd_rn(levels[c], levels[c + 1]))) ++c;
+          w |= static_cast<uint32_t>(c) << (j * bits);
+        }
+        for (int b = 0; b < bits; ++b) out[i0 / 8 * bits + b] = static_cast<uint8_t>(w >> (8 * b));
+      }
+    }
+    c0 += channels;
+  }
+  __syncthreads();  // the whole block
+  for (int i = t; i < side.block_bytes / 16; i += 64) {
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(block)[i];
+  }
+}
+
 }  // namespace
+
+cudaError_t DemoteCodecPages(const DemoteCodecParams& p, cudaStream_t stream) {
+  const KvGeometry& g = p.geometry;
+  if (g.page_tokens != 64 || g.num_kv_heads <= 0 || (g.head_dim != 64 && g.head_dim != 128) ||
+      !codec::GpuLayoutOk(p.codec, g.head_dim,
+                          g.head_dim == 64 ? kCodecBlockMaxBytes<64> : kCodecBlockMaxBytes<128>)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.num_pages <= 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(p.num_pages * 2 * g.num_kv_heads);
+  return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
+    return LaunchKernel(p.overlap_previous, dim3(grid), dim3(64), 0, stream, DemoteCodecKernel<D>,
+                        p);
+  });
+}
 
 cudaError_t AppendRotatedRows(const AppendParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0) return cudaSuccess;

@@ -6,7 +6,9 @@
 //    sequences in one launch, rotated (k·R_K, v·R_V) and written in BF16 into their pages;
 //  * DemotePages: whole BF16 pages that the recent window has left, clipped, quantised and
 //    packed into INT2 pages (all layers and heads of each page in one launch), from their BF16
-//    values exactly as EncodeInt2Block does on the CPU.
+//    values exactly as EncodeInt2Block does on the CPU;
+//  * DemoteCodecPages: the same for the codec format's history (one layer a launch: its blocks'
+//    layout is the layer's), byte for byte as EncodeCodecBlock.
 
 #include <cuda_runtime.h>
 
@@ -57,5 +59,21 @@ struct DemoteParams {
   bool overlap_previous = false;  // as AppendParams::overlap_previous
 };
 cudaError_t DemotePages(const DemoteParams& params, cudaStream_t stream);
+
+struct DemoteCodecParams {
+  const uint8_t* bf16_pool = nullptr;  // offset to the layer, as DemoteParams::bf16_pool
+  int64_t bf16_stride = 0;
+  uint8_t* history_pool = nullptr;  // slot s's page starts at history_pool + s * history_stride
+  int64_t history_stride = 0;
+  const int32_t* src_slot = nullptr;  // device [num_pages]
+  const int32_t* dst_slot = nullptr;  // device [num_pages]
+  int num_pages = 0;
+  const int32_t* num_pages_device = nullptr;  // as DemoteParams::num_pages_device
+  KvGeometry geometry;     // num_layers 1 (the layer the pools are offset to), page_tokens 64
+  CodecLayerLayout codec;  // that layer's blocks (CodecLayerLayoutFor; codec::GpuLayoutOk)
+  bool overlap_previous = false;
+};
+// cudaErrorInvalidValue for a layout the kernels do not take or a head_dim other than 64/128.
+cudaError_t DemoteCodecPages(const DemoteCodecParams& params, cudaStream_t stream);
 
 }  // namespace kvstrata::kernels

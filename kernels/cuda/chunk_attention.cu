@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/chunk_attention.h"
+#include "kernels/cuda/codec_block.cuh"
 #include "kernels/numeric.h"
 
 namespace kvstrata::kernels {
@@ -185,6 +186,26 @@ __device__ void StageInt2(Tile<D>& s, const uint8_t* kblock, const uint8_t* vblo
   }
 }
 
+// Codec blocks -> fp16 tiles, the values DecodeCodecBlock computes (fp32) rounded once.
+template <int D>
+__device__ void StageCodec(Tile<D>& s, const uint8_t* kblock, const uint8_t* vblock, int valid,
+                           const CodecLayerLayout& layout, const float (*levels)[16],
+                           const float* scales) {
+  for (int i = threadIdx.x; i < kPage * D / 8; i += kThreads) {
+    const int tok = i / (D / 8), c0 = (i % (D / 8)) * 8;
+    float k[8] = {}, v[8] = {};
+    if (tok < valid) {
+      codec::DecodeEight(kblock, layout.side[0], tok, c0, levels, scales, k);
+      codec::DecodeEight(vblock, layout.side[1], tok, c0, levels, scales, v);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s.k[tok][c0 + j] = __float2half_rn(k[j]);
+      s.vt[c0 + j][tok] = __float2half_rn(v[j]);
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionParams p) {
   const int item = blockIdx.z, head = blockIdx.y, tile = blockIdx.x;
@@ -204,6 +225,10 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
 
   __shared__ Tile<D> s;
   __shared__ uint2 s_table[2][kPage];  // StageInt2PerToken's values per (K|V, token)
+  __shared__ float s_levels[5][16];     // the codec's tables (codec::LoadTables)
+  __shared__ float s_scales[256];
+  const bool codec_history = p.int2_encoding == PageEncoding::kCodec;
+  if (codec_history) codec::LoadTables(s_levels, s_scales);  // read after the loop's barrier
 
   // Q fragments (A operand, 16 rows x D), scaled so scores come out in the log2 domain.
   uint32_t qa[D / 16][4];
@@ -264,7 +289,11 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
         const uint8_t* base = p.int2_pool + int64_t{slot} * p.int2_stride;
         const uint8_t* kblock = base + BlockOffset(geo, p.int2_encoding, p.layer, 0, kvh);
         const uint8_t* vblock = base + BlockOffset(geo, p.int2_encoding, p.layer, 1, kvh);
-        if (geo.group_size == D) {
+        if (codec_history) {
+          StageCodec<D>(s, base + p.codec.side[0].block0 + int64_t{kvh} * p.codec.side[0].block_bytes,
+                        base + p.codec.side[1].block0 + int64_t{kvh} * p.codec.side[1].block_bytes,
+                        valid, p.codec, s_levels, s_scales);
+        } else if (geo.group_size == D) {
           StageInt2PerToken<D>(s, s_table, kblock, vblock, valid, levels);
         } else {
           StageInt2<D>(s, kblock, vblock, valid, geo.group_size, levels);
@@ -364,7 +393,10 @@ cudaError_t LaunchChunkAttention(const ChunkAttentionParams& p, cudaStream_t str
   if (g.page_tokens != kPage || g.num_kv_heads <= 0 || p.num_q_heads % g.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
-  if (p.split && (p.int2_pool == nullptr || g.group_size <= 0 || g.head_dim % g.group_size != 0)) {
+  const bool codec_history = p.int2_encoding == PageEncoding::kCodec;
+  if (p.split && (p.int2_pool == nullptr ||
+                  (codec_history ? !codec::GpuLayoutOk(p.codec, g.head_dim, 1 << 20)
+                                 : g.group_size <= 0 || g.head_dim % g.group_size != 0))) {
     return cudaErrorInvalidValue;
   }
   const dim3 grid(static_cast<unsigned>((p.max_len + kTileQ - 1) / kTileQ),

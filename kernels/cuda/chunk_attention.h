@@ -2,7 +2,8 @@
 
 // Prefill attention over the split cache on the GPU: chunks of query positions of several
 // sequences, each query seeing its sequence's KV with the split semantics of docs/kv-format.md
-// (the sink in BF16, the pages its recent window has left in INT2, the rest in BF16; causal).
+// (the sink in BF16, the pages its recent window has left in INT2 — or in the codec format's
+// history codec — the rest in BF16; causal).
 // Inside a chunk a page can be BF16 for the early queries and INT2 for the later ones: the
 // kernel runs the page twice, once per copy, each with the complementary range of queries, and
 // one online softmax merges everything. CPU reference: engine ChunkAttention (attention.h),
@@ -43,7 +44,8 @@ struct ChunkAttentionParams {
   int64_t bf16_stride = 0;
   const uint8_t* int2_pool = nullptr;  // null for the BF16 format
   int64_t int2_stride = 0;
-  PageEncoding int2_encoding = PageEncoding::kInt2Uniform;
+  PageEncoding int2_encoding = PageEncoding::kInt2Uniform;  // or kCodec: the codec format
+  CodecLayerLayout codec;  // kCodec: this layer's blocks (CodecLayerLayoutFor)
 
   // The split layout: sink pages are never INT2; page p (past the sink) is INT2 for queries at
   // positions >= (p + 1) * 64 + recent_tokens - 1. split = false: every page is BF16.

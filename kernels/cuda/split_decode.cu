@@ -25,6 +25,7 @@
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/cuda/split_decode_bf16.cuh"
+#include "kernels/cuda/split_decode_codec.cuh"
 #include "kernels/cuda/split_decode_common.cuh"
 #include "kernels/cuda/split_decode_fp32.cuh"
 #include "kernels/dispatch.h"
@@ -487,6 +488,25 @@ __global__ void __launch_bounds__(kThreads, 2)
                                 ws);
 }
 
+// History in a codec (the codec cache format), decoded to bf16 rows page by page
+// (split_decode_codec.cuh); the first window_ctas CTAs take the window pages.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    CodecHistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
+                       Workspace ws, bool page_tables) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (static_cast<int>(blockIdx.x) < window_ctas) {
+    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, smem);
+    return;
+  }
+  const int split = blockIdx.x - window_ctas;
+  const int begin = split * pages_per_split;
+  CodecPageRange<D>(p, p.segments[kHistorySegment], b, h, begin, begin + pages_per_split, smem,
+                    PartialRow(ws, b, p.geometry.num_kv_heads, h, ws.window + split), ws,
+                    page_tables);
+}
+
 // The window pages as a launch of their own, on tensor cores (fuse_window off).
 template <int D>
 __global__ void __launch_bounds__(kThreads) Bf16WindowKernel(SplitDecodeCudaParams p, Workspace ws) {
@@ -593,7 +613,8 @@ __global__ void FillKernel(uint8_t* pool, int64_t stride, int num_pages, KvGeome
 
 namespace {
 
-// The BF16 history kernel wants more than the default 48 KB of dynamic shared memory; set once
+// The BF16 and codec history kernels want more than the default 48 KB of dynamic shared memory;
+// set once
 // per device (a function attribute, not a stream operation, but done before any capture by
 // SplitDecodeCtasPerSm, which callers run while planning).
 cudaError_t AllowBf16HistorySmem() {
@@ -610,6 +631,14 @@ cudaError_t AllowBf16HistorySmem() {
     e = cudaFuncSetAttribute(Bf16HistoryMmaKernel<128>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kBf16HistorySmemBytes<128>);
+  }
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(CodecHistoryKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kCodecHistorySmemBytes<64>);
+  }
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(CodecHistoryKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kCodecHistorySmemBytes<128>);
   }
   if (e == cudaSuccess) done.fetch_or(uint64_t{1} << device, std::memory_order_release);
   return e;
@@ -637,6 +666,11 @@ bool WindowCtas(const SplitDecodeVariant& v, int64_t window_ctas, int64_t capaci
 
 int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVariant& variant) {
   const bool d64 = head_dim == 64;
+  if (history == PageEncoding::kCodec) {
+    if (AllowBf16HistorySmem() != cudaSuccess) return 1;
+    return d64 ? Occupancy(CodecHistoryKernel<64>, kCodecHistorySmemBytes<64>)
+               : Occupancy(CodecHistoryKernel<128>, kCodecHistorySmemBytes<128>);
+  }
   if (history != PageEncoding::kBf16) {
     if (variant.int2_overlap_pages) {
       return d64 ? Occupancy(Int2HistoryKernel<64, true>, 0)
@@ -691,21 +725,31 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
   return plan;
 }
 
+bool SplitDecodeTakesCodec(const CodecLayerLayout& layout, int head_dim) {
+  return (head_dim == 64 || head_dim == 128) &&
+         codec::GpuLayoutOk(layout, head_dim,
+                            head_dim == 64 ? kCodecSideBytes<64> : kCodecSideBytes<128>,
+                            kCodecTablePairs);
+}
+
 cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodePlan& plan,
                               void* workspace, cudaStream_t stream) {
   const KvGeometry& g = p.geometry;
-  const bool bf16_history = p.segments[kHistorySegment].encoding == PageEncoding::kBf16;
+  const SplitDecodeVariant& v = plan.variant;
+  const PageEncoding history = p.segments[kHistorySegment].encoding;
+  const bool bf16_history = history == PageEncoding::kBf16;
+  const bool codec_history = history == PageEncoding::kCodec;
   if (g.num_kv_heads <= 0 || p.num_q_heads % g.num_kv_heads != 0 ||
       p.num_q_heads / g.num_kv_heads > kMaxGroup || g.page_tokens != kPageTokens ||
-      (bf16_history ? false : g.group_size != g.head_dim) ||
-      (!bf16_history && p.segments[kHistorySegment].encoding != PageEncoding::kInt2Uniform) ||
+      (history == PageEncoding::kInt2Uniform && g.group_size != g.head_dim) ||
+      (codec_history && (!v.bf16_tensor_cores || !SplitDecodeTakesCodec(p.codec, g.head_dim))) ||
+      (!bf16_history && !codec_history && history != PageEncoding::kInt2Uniform) ||
       p.segments[0].encoding != PageEncoding::kBf16 ||
       p.segments[2].encoding != PageEncoding::kBf16) {
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
-  const SplitDecodeVariant& v = plan.variant;
-  if (bf16_history && v.bf16_tensor_cores) {
+  if ((bf16_history || codec_history) && v.bf16_tensor_cores) {
     if (const cudaError_t e = AllowBf16HistorySmem(); e != cudaSuccess) return e;
   }
   Workspace ws;
@@ -723,7 +767,10 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
   const unsigned merge_ctas = static_cast<unsigned>(p.batch * p.num_q_heads);
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
     cudaError_t e = cudaSuccess;
-    if (bf16_history && v.bf16_tensor_cores) {
+    if (codec_history) {
+      e = LaunchKernel(early, history_grid, dim3(kThreads), kCodecHistorySmemBytes<D>, stream,
+                       CodecHistoryKernel<D>, p, pps, window_ctas, ws, v.codec_page_tables);
+    } else if (bf16_history && v.bf16_tensor_cores) {
       e = LaunchKernel(early, history_grid, dim3(kThreads), kBf16HistorySmemBytes<D>, stream,
                        Bf16HistoryMmaKernel<D>, p, pps, window_ctas, ws);
     } else if (bf16_history) {

@@ -5,7 +5,9 @@
 // BF16 sink and recent window pages get one partial each (extra CTAs of the same launch), and a
 // merge kernel combines every partial (o, lse) exactly. A BF16 history segment (the BF16 cache
 // format) is split the same way and attended on bf16 tensor cores: the BF16 baseline the INT2
-// format is measured against. CPU reference: SplitDecodeAttentionRef (kernels/attention_ref.h).
+// format is measured against. A codec history (the codec format) is decoded page by page into
+// bf16 rows in shared memory and attended as BF16. CPU reference: SplitDecodeAttentionRef
+// (kernels/attention_ref.h; the codec's test decodes with DecodeCodecBlock).
 //
 // Plan on the host (PlanSplitDecode), then LaunchSplitDecode allocates nothing, so a decode
 // step can be captured in a CUDA graph.
@@ -25,9 +27,12 @@ struct SplitDecodeCudaParams {
   int layer = 0;
   float sm_scale = 0.0f;
   KvGeometry geometry;  // INT2: group_size == head_dim, page_tokens == 64
-  // sink (BF16), history (INT2 uniform levels or BF16, full pages), recent (BF16); device
-  // pointers.
+  // sink (BF16), history (INT2 uniform levels, BF16 or codec, full pages), recent (BF16);
+  // device pointers.
   PagedSegmentView segments[3];
+  // A codec history (PageEncoding::kCodec): where this layer's K and V blocks lie in a page and
+  // how they are coded (CodecLayerLayoutFor); every region's channels a multiple of 8.
+  CodecLayerLayout codec;
   float* out = nullptr;  // device [batch][num_q_heads][head_dim], rotated value space
   float* lse = nullptr;  // device [batch][num_q_heads] natural log, or null
   // Or, when out_rows is set, the output rounded to bf16 (fp16 when out_rows_fp16) into row
@@ -66,6 +71,10 @@ struct SplitDecodeVariant {
   // guarantees that the kernel just before writes no page this launch reads (in the engine it
   // is the query gather; the pages were written by launches before that one).
   bool early_launch = false;
+  // Codec history: per page, each region's levels times its page ratio go into a table of bf16
+  // values once, the rows are decoded by table lookups alone, and the rows' scales multiply the
+  // scores and the probabilities (false: every value scaled in fp32 as it is decoded).
+  bool codec_page_tables = true;
 };
 
 struct SplitDecodePlan {
@@ -87,12 +96,19 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
                                 const SplitDecodeVariant& variant = {});
 
 // How many history-kernel CTAs fit on one multiprocessor (a device query on the current device;
-// 1 on failure), for an INT2 (uniform) or a BF16 history.
+// 1 on failure), for an INT2 (uniform), a BF16 or a codec history.
 int SplitDecodeCtasPerSm(int head_dim, PageEncoding history = PageEncoding::kInt2Uniform,
                          const SplitDecodeVariant& variant = {});
 
+// Whether the split decode (and the codec demotion and chunk attention) kernels take a codec
+// layer's layout: every region's channels a multiple of 8, each side's block within the
+// kernels' shared-memory stage, and Σ 4^bits over a side's regions (its page tables) at most
+// 1024: any one 4-bit region with up to 3-bit ones beside it, every P2 recipe.
+bool SplitDecodeTakesCodec(const CodecLayerLayout& layout, int head_dim);
+
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
-// INT2 history with group_size != head_dim or Lloyd-Max levels). `workspace` holds plan.workspace_bytes.
+// INT2 history with group_size != head_dim or Lloyd-Max levels, a codec layout the kernel does
+// not take: codec::GpuLayoutOk). `workspace` holds plan.workspace_bytes.
 cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& params, const SplitDecodePlan& plan,
                               void* workspace, cudaStream_t stream);
 

@@ -20,6 +20,7 @@ namespace kvstrata::kernels::split {
 // Bytes one BF16 page (one layer, one KV head) takes in shared memory: K rows then V rows.
 template <int D>
 constexpr int kBf16StageBytes = 2 * kPageTokens * D * 2;
+static_assert(kWarps * kMaxGroup * 64 * 4 <= kBf16StageBytes<64>, "warp outputs fit a stage");
 
 // Byte offset of chunk `ch` (16 bytes) of row `row` in a staged K or V block.
 template <int D>
@@ -55,14 +56,75 @@ template <int D>
 struct Bf16WarpState {
   float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, heads 2t | 2t+1)
   float m[2], l[2];    // running max (log2 units) and Σp (this thread's rows only)
+
+  __device__ __forceinline__ void Clear() {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) m[col] = -INFINITY, l[col] = 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < D / 16; ++mb) o[mb][0] = o[mb][1] = o[mb][2] = o[mb][3] = 0.0f;
+  }
 };
+
+// B fragments of Q for lane (g, t): (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), straight from
+// its bf16 pairs; zeros for g >= G.
+template <int D>
+__device__ __forceinline__ void QueryFragments(const SplitDecodeCudaParams& p, int b, int h, int G,
+                                               int lane, uint32_t (&bq)[D / 16][2]) {
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(
+      p.q + (int64_t{b} * p.num_q_heads + h * G + min(g, G - 1)) * D);
+#pragma unroll
+  for (int step = 0; step < D / 16; ++step) {
+    bq[step][0] = g < G ? q[8 * step + t] : 0u;
+    bq[step][1] = g < G ? q[8 * step + 4 + t] : 0u;
+  }
+}
+
+// The end of a range: the warps' states combined into the partial (o, lse) of workspace row
+// row0. `smem` (at least kWarps x kMaxGroup x D floats) is free once every warp is done with
+// it: this synchronises the CTA first.
+template <int D>
+__device__ __forceinline__ void WritePartial(Bf16WarpState<D>& st, uint8_t* smem, int G,
+                                             int64_t row0, const Workspace& ws) {
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
+  }
+  __syncthreads();  // every warp is done with the stages
+  float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(smem);
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s_o[warp][2 * t + (e & 1)][16 * mb + g + 8 * (e >> 1)] = st.o[mb][e];
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      s_m[warp][2 * t + col] = st.m[col];
+      s_l[warp][2 * t + col] = st.l[col];
+    }
+  }
+  __syncthreads();
+  CombineWarps<D>(s_o, s_m, s_l, G, row0, ws);
+}
 
 // The warp's 16 tokens of one staged page. bq: Q's B fragments (unscaled bf16), qscale the
 // softmax scale in log2 units, tokens the page's valid tokens.
-template <int D>
+//
+// row_scale (a codec page, split_decode_codec.cuh): per token the factor its staged K row and V
+// row were divided by ([0][token] and [1][token], shared memory): the scores are multiplied by
+// the K factor, the probabilities by the V factor as they enter the V product (the softmax sums
+// keep them unscaled). Null for BF16 pages. Fp16: the stage's rows and bq are fp16 (and so are
+// the probabilities on the V product) instead of bf16.
+template <int D, bool Fp16 = false>
 __device__ __forceinline__ void Bf16PageTokens(Bf16WarpState<D>& st, const uint8_t* stage,
                                                int warp, int lane, int tokens,
-                                               const uint32_t (&bq)[D / 16][2], float qscale) {
+                                               const uint32_t (&bq)[D / 16][2], float qscale,
+                                               const float (*row_scale)[kPageTokens] = nullptr) {
   const int g = lane >> 2;
   const uint8_t* kb = stage;
   const uint8_t* vb = stage + kPageTokens * 2 * D;
@@ -75,14 +137,19 @@ __device__ __forceinline__ void Bf16PageTokens(Bf16WarpState<D>& st, const uint8
     for (int step = 0; step < D / 16; ++step) {
       uint32_t a[4];
       ptx::LdMatrixX4(a, kb + SwizzledChunk<D>(row, 2 * step + hi));
-      ptx::MmaBf16(s, a, bq[step][0], bq[step][1]);
+      if constexpr (Fp16) {
+        ptx::MmaF16(s, a[0], a[1], a[2], a[3], bq[step][0], bq[step][1]);
+      } else {
+        ptx::MmaBf16(s, a, bq[step][0], bq[step][1]);
+      }
     }
   }
   // s[e]: token 16·warp + g + 8·(e / 2) of the page, head 2t + e % 2.
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int tok = 16 * warp + g + 8 * (e >> 1);
-    s[e] = tok < tokens ? s[e] * qscale : -INFINITY;
+    const float f = row_scale ? qscale * row_scale[0][tok] : qscale;
+    s[e] = tok < tokens ? s[e] * f : -INFINITY;
   }
   float alpha[2], mu[2];
   bool moved = false;
@@ -116,9 +183,15 @@ __device__ __forceinline__ void Bf16PageTokens(Bf16WarpState<D>& st, const uint8
     pr[e] = ptx::Exp2(s[e] - mu[e & 1]);
     st.l[e & 1] += pr[e];
   }
+  if (row_scale) {  // the V rows' factors enter with the probabilities
+    const float v0 = row_scale[1][16 * warp + g], v1 = row_scale[1][16 * warp + g + 8];
+    pr[0] *= v0, pr[1] *= v0, pr[2] *= v1, pr[3] *= v1;
+  }
   // Pᵀ as the B operand: (tokens 2t, 2t+1 | 2t+8, 2t+9 ; head g).
-  const uint32_t b0 = ptx::Transpose8x8(ptx::PackBf162(pr[0], pr[1]));
-  const uint32_t b1 = ptx::Transpose8x8(ptx::PackBf162(pr[2], pr[3]));
+  const uint32_t b0 = ptx::Transpose8x8(Fp16 ? ptx::PackHalf2(pr[0], pr[1])
+                                              : ptx::PackBf162(pr[0], pr[1]));
+  const uint32_t b1 = ptx::Transpose8x8(Fp16 ? ptx::PackHalf2(pr[2], pr[3])
+                                              : ptx::PackBf162(pr[2], pr[3]));
   {
     // A of Vᵀ: matrices (dims 0-7 | 8-15) x (tokens 0-7 | 8-15), read transposed from V rows.
     const int row = 16 * warp + (lane & 7) + ((lane >> 4) & 1) * 8;
@@ -127,7 +200,11 @@ __device__ __forceinline__ void Bf16PageTokens(Bf16WarpState<D>& st, const uint8
     for (int mb = 0; mb < D / 16; ++mb) {
       uint32_t a[4];
       ptx::LdMatrixX4Trans(a, vb + SwizzledChunk<D>(row, 2 * mb + hi));
-      ptx::MmaBf16(st.o[mb], a, b0, b1);
+      if constexpr (Fp16) {
+        ptx::MmaF16(st.o[mb], a[0], a[1], a[2], a[3], b0, b1);
+      } else {
+        ptx::MmaBf16(st.o[mb], a, b0, b1);
+      }
     }
   }
 }
@@ -141,10 +218,7 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
                                               int begin, int end, uint8_t* smem, int64_t row0,
                                               const Workspace& ws) {
   static_assert(Stages >= 2, "the pipeline waits for all but Stages - 2 groups");
-  static_assert(kWarps * kMaxGroup * D * 4 <= kBf16StageBytes<D>, "warp outputs fit a stage");
-  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane >> 2, t = lane & 3;
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
   const int npages = seg.num_pages(b);
   const int n = max(0, min(end, npages) - begin);
@@ -158,23 +232,11 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
   // The first pages are on their way; the queries (and the workspace) are the kernel before's
   // (a no-op unless launched early, SplitDecodeVariant::early_launch).
   ptx::GridDependencyWait();
-  // B fragments of Q: (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), straight from its bf16 pairs.
   uint32_t bq[D / 16][2];
-  {
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(
-        p.q + (int64_t{b} * p.num_q_heads + h * G + min(g, G - 1)) * D);
-#pragma unroll
-    for (int step = 0; step < D / 16; ++step) {
-      bq[step][0] = g < G ? q[8 * step + t] : 0u;
-      bq[step][1] = g < G ? q[8 * step + 4 + t] : 0u;
-    }
-  }
+  QueryFragments<D>(p, b, h, G, lane, bq);
   const float qscale = p.sm_scale * kLog2e;
   Bf16WarpState<D> st;
-#pragma unroll
-  for (int col = 0; col < 2; ++col) st.m[col] = -INFINITY, st.l[col] = 0.0f;
-#pragma unroll
-  for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
+  st.Clear();
 
   for (int i = 0; i < n; ++i) {
     ptx::CpAsyncWait<Stages - 2>();  // page i has landed (this thread's part of it)
@@ -192,27 +254,7 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
   }
   ptx::CpAsyncWait<0>();
   ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
-#pragma unroll
-  for (int col = 0; col < 2; ++col) {
-#pragma unroll
-    for (int x = 4; x <= 16; x <<= 1) st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
-  }
-  __syncthreads();  // every warp is done with the stages
-  float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(smem);
-#pragma unroll
-  for (int mb = 0; mb < D / 16; ++mb) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s_o[warp][2 * t + (e & 1)][16 * mb + g + 8 * (e >> 1)] = st.o[mb][e];
-  }
-  if (g == 0) {
-#pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      s_m[warp][2 * t + col] = st.m[col];
-      s_l[warp][2 * t + col] = st.l[col];
-    }
-  }
-  __syncthreads();
-  CombineWarps<D>(s_o, s_m, s_l, G, row0, ws);
+  WritePartial<D>(st, smem, G, row0, ws);
 }
 
 // Window slot i of sequence b (its i-th sink page, then its recent pages) as one partial; a

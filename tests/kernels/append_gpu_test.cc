@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/codec_page.h"
 #include "kernels/cuda/append.h"
 #include "kernels/quant.h"
 #include "kernels/rotation.h"
@@ -140,6 +141,102 @@ TEST(AppendGpu, RotatesWritesAndDemotesLikeTheCpu) {
         d, static_cast<long long>(bf16_mismatch),
         static_cast<long long>(g.num_layers * 2 * g.num_kv_heads * tokens * d),
         static_cast<long long>(code_mismatch), static_cast<long long>(code_bytes));
+  }
+}
+
+// The codec format's demotion: BF16 pages into codec blocks, byte for byte EncodeCodecBlock on
+// the same values, for recipes of every bit width (3-bit codes across bytes, a dropped region),
+// rows of very different norms, an all-zero row and an all-zero head, several pages at once and
+// a device-side page count.
+TEST(AppendGpu, DemotesCodecPagesLikeTheCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const struct {
+    int d;
+    const char* spec;
+  } cases[] = {
+      {64, "4x16+3x16+2x32:s8:pr|3x16+2x16+1x32:s8:pr"},
+      {64, "4x64:s8:pr|2x32+1x16+0x16:s8:pr"},
+      {128, "4x32+3x32+2x32+1x32:s8:pr|3x16+2x32+1x32+0x48:s8:pr"},
+  };
+  for (const auto& c : cases) {
+    const int d = c.d, heads = 3, pages = 3;
+    HistoryCodec codec;
+    std::string error;
+    ASSERT_TRUE(ParseHistoryCodec(c.spec, d, &codec, &error)) << error;
+    const KvGeometry g{1, heads, d, d, 64};
+    // A history page of this one layer: K blocks of every head, then V blocks, 64-byte slots.
+    const int64_t kb = CodecBlockLayoutFor(codec.Side(0, 0), 64).bytes;
+    const int64_t vb = CodecBlockLayoutFor(codec.Side(0, 1), 64).bytes;
+    const int64_t k0 = kPageHeaderBytes, v0 = k0 + heads * kb;
+    const int64_t stride = (v0 + heads * vb + 63) / 64 * 64;
+    const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
+    std::mt19937 rng(d + heads);
+    std::normal_distribution<float> normal;
+    std::vector<uint8_t> bf16_pool(pages * bf16_stride, 0);
+    for (int p = 0; p < pages; ++p) {
+      for (int kind = 0; kind < 2; ++kind) {
+        for (int h = 0; h < heads; ++h) {
+          std::vector<float> rows(64 * d, 0.0f);
+          if (!(p == 1 && h == 2)) {  // one block all zeros
+            for (int t = 0; t < 64; ++t) {
+              const float r = t == 5 ? 0.0f : std::exp(2.0f * normal(rng));
+              for (int i = 0; i < d; ++i) rows[t * d + i] = r * normal(rng) * (i % 7 == 0 ? 4 : 1);
+            }
+          }
+          EncodeBf16Block(rows.data(), 64, g,
+                          bf16_pool.data() + p * bf16_stride +
+                              BlockOffset(g, PageEncoding::kBf16, 0, kind, h));
+        }
+      }
+    }
+    std::vector<uint8_t> history(pages * stride, 0xcd);
+    DemoteCodecParams dp;
+    dp.bf16_pool = ToDevice(bf16_pool);
+    dp.bf16_stride = bf16_stride;
+    dp.history_pool = ToDevice(history);
+    dp.history_stride = stride;
+    const std::vector<int32_t> src{2, 0, 1}, dst{1, 2, 0}, count{2};
+    dp.src_slot = ToDevice(src);
+    dp.dst_slot = ToDevice(dst);
+    dp.num_pages = pages;
+    dp.num_pages_device = ToDevice(count);  // the third page is not demoted
+    dp.geometry = g;
+    dp.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, k0, v0);
+    ASSERT_EQ(DemoteCodecPages(dp, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(history.data(), dp.history_pool, history.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    int64_t mismatch = 0, bytes = 0;
+    for (int i = 0; i < pages; ++i) {
+      for (int kind = 0; kind < 2; ++kind) {
+        const SideRecipe& r = codec.Side(0, kind);
+        const int64_t block_bytes = kind == 0 ? kb : vb;
+        for (int h = 0; h < heads; ++h) {
+          const uint8_t* got = history.data() + dst[i] * stride + (kind == 0 ? k0 : v0) +
+                               h * block_bytes;
+          if (i >= count[0]) {  // not demoted: untouched
+            for (int64_t j = 0; j < block_bytes; ++j) ASSERT_EQ(got[j], 0xcd);
+            continue;
+          }
+          std::vector<float> rows(64 * d);
+          DecodeBf16Block(bf16_pool.data() + src[i] * bf16_stride +
+                              BlockOffset(g, PageEncoding::kBf16, 0, kind, h),
+                          64, g, rows.data());
+          std::vector<uint8_t> expect(block_bytes);
+          EncodeCodecBlock(rows.data(), 64, d, r, expect.data());
+          for (int64_t j = 0; j < block_bytes; ++j) mismatch += got[j] != expect[j];
+          bytes += block_bytes;
+        }
+      }
+    }
+    EXPECT_EQ(mismatch, 0) << "of " << bytes << " codec bytes (" << c.spec << ")";
+    std::printf("codec demotion, head_dim %d, %s: %lld of %lld bytes differ from the CPU's\n", d,
+                c.spec, static_cast<long long>(mismatch), static_cast<long long>(bytes));
+    for (const void* a : {static_cast<const void*>(dp.bf16_pool), static_cast<const void*>(dp.history_pool),
+                          static_cast<const void*>(dp.src_slot), static_cast<const void*>(dp.dst_slot),
+                          static_cast<const void*>(dp.num_pages_device)}) {
+      cudaFree(const_cast<void*>(a));
+    }
   }
 }
 

@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/attention_ref.h"
+#include "kernels/codec_page.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/quant.h"
@@ -26,6 +28,39 @@ struct Pool {
   std::vector<uint8_t> bytes;
   std::vector<int32_t> indptr{0}, indices, last;
   int64_t stride = 0;
+  // A codec history: the reference's copy of its pages, each block's decoded rows in BF16
+  // (DecodeCodecBlock's values, rounded as the kernel rounds them), same slots.
+  std::vector<uint8_t> ref_bytes;
+  int64_t ref_stride = 0;
+};
+
+// The codec pages of a test: every layer's K and V blocks of every head, in (layer, K|V, head)
+// order after the header, as KvCache lays them out.
+struct CodecPages {
+  HistoryCodec codec;
+  std::vector<int64_t> block0;  // [layer][kind]: KV head 0's block
+  int64_t page_bytes = 0;
+
+  CodecPages(const std::string& spec, const KvGeometry& g) {
+    std::string error;
+    EXPECT_TRUE(ParseHistoryCodec(spec, g.head_dim, &codec, &error)) << error;
+    int64_t at = kPageHeaderBytes;
+    for (int l = 0; l < g.num_layers; ++l) {
+      for (int kind = 0; kind < 2; ++kind) {
+        EXPECT_EQ(CodecRecipeUnservable(codec.Side(l, kind), g.head_dim), "");
+        block0.push_back(at);
+        at += CodecBlockLayoutFor(codec.Side(l, kind), 64).bytes * g.num_kv_heads;
+      }
+    }
+    page_bytes = (at + 63) / 64 * 64;
+  }
+  int64_t Block(int layer, int kind, int head) const {
+    return block0[layer * 2 + kind] + head * CodecBlockLayoutFor(codec.Side(layer, kind), 64).bytes;
+  }
+  CodecLayerLayout Layout(int layer) const {
+    return CodecLayerLayoutFor(codec.Side(layer, 0), codec.Side(layer, 1), 64,
+                               block0[layer * 2], block0[layer * 2 + 1]);
+  }
 };
 
 struct Case {
@@ -33,6 +68,7 @@ struct Case {
   std::vector<int> sink, history_pages, recent;
   int fake_sms = 0;  // 0: the device's; more forces smaller page ranges
   PageEncoding history = PageEncoding::kInt2Uniform;  // kBf16: the BF16 cache format
+  std::string codec;  // history kCodec: the codec's spec (kernels/history_codec.h)
 };
 
 // out_rows_type: kFp32 writes p.out; kBf16 or kFp16 writes p.out_rows through a row map that
@@ -44,22 +80,52 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   Pool pools[3] = {{PageEncoding::kBf16}, {c.history}, {PageEncoding::kBf16}};
+  const bool codec = c.history == PageEncoding::kCodec;
+  std::unique_ptr<CodecPages> codec_pages;
+  if (codec) codec_pages = std::make_unique<CodecPages>(c.codec, g);
+  std::uniform_real_distribution<float> row_scale(0.5f, 1.5f);
+  // A codec history's rows of the layer under test, decoded in fp32: [b][kv head][K|V] rows.
+  std::vector<std::vector<std::vector<float>>> codec_rows(
+      batch, std::vector<std::vector<float>>(2 * c.kv_heads));
   for (int s = 0; s < 3; ++s) {
     Pool& pool = pools[s];
-    pool.stride = PageBytes(g, pool.encoding) + 128;
-    std::vector<std::vector<uint8_t>> pages;
+    const bool coded = s == 1 && codec;
+    pool.stride = coded ? codec_pages->page_bytes + 128 : PageBytes(g, pool.encoding) + 128;
+    pool.ref_stride = PageBytes(g, PageEncoding::kBf16);
+    std::vector<std::vector<uint8_t>> pages, ref_pages;
     for (int b = 0; b < batch; ++b) {
       const int tokens = s == 0 ? c.sink[b] : s == 1 ? 64 * c.history_pages[b] : c.recent[b];
       const int n_pages = (tokens + 63) / 64;
       for (int p = 0; p < n_pages; ++p) {
         const int len = std::min(64, tokens - 64 * p);
-        std::vector<uint8_t> page(pool.stride, 0);
+        std::vector<uint8_t> page(pool.stride, 0), ref_page(coded ? pool.ref_stride : 0, 0);
         for (int l = 0; l < c.layers; ++l)
           for (int kind = 0; kind < 2; ++kind)
             for (int h = 0; h < c.kv_heads; ++h) {
               std::vector<float> rows(64 * d);
               for (auto& v : rows)
                 v = normal(rng) * (kind == 0 ? 1.5f : 1.0f) + (kind == 0 ? 0.3f : 0.0f);
+              if (coded) {
+                // Rows of different norms and channels of different sizes, as the codec's
+                // row scales and region ratios are there for (within the dynamic range of the
+                // other cases: bf16 keys make the error grow with the scores' spread).
+                for (int t = 0; t < 64; ++t) {
+                  const float r = row_scale(rng);
+                  for (int i = 0; i < d; ++i) rows[t * d + i] *= r * (i < d / 4 ? 1.5f : 0.75f);
+                }
+                const SideRecipe& recipe = codec_pages->codec.Side(l, kind);
+                uint8_t* blk = page.data() + codec_pages->Block(l, kind, h);
+                EncodeCodecBlock(rows.data(), 64, d, recipe, blk);
+                std::vector<float> decoded(64 * d);
+                DecodeCodecBlock(blk, 64, 64, d, recipe, decoded.data(), CodecDecoder::kPortable);
+                if (l == c.layers - 1) {
+                  std::vector<float>& dst = codec_rows[b][2 * h + kind];
+                  dst.insert(dst.end(), decoded.begin(), decoded.begin() + int64_t{len} * d);
+                }
+                EncodeBf16Block(decoded.data(), len, g,
+                                ref_page.data() + BlockOffset(g, PageEncoding::kBf16, l, kind, h));
+                continue;
+              }
               uint8_t* blk = page.data() + BlockOffset(g, pool.encoding, l, kind, h);
               if (IsInt2(pool.encoding)) {
                 EncodeInt2Block(rows.data(), len, g, 0.96f, pool.encoding, kind, blk);
@@ -69,6 +135,7 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
             }
         pool.indices.push_back(static_cast<int32_t>(pages.size()));
         pages.push_back(std::move(page));
+        ref_pages.push_back(std::move(ref_page));
       }
       pool.indptr.push_back(static_cast<int32_t>(pool.indices.size()));
       pool.last.push_back(n_pages ? tokens - 64 * (n_pages - 1) : 0);
@@ -77,6 +144,8 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
     for (auto& i : pool.indices) i = static_cast<int32_t>(pages.size()) - 1 - i;
     for (auto it = pages.rbegin(); it != pages.rend(); ++it)
       pool.bytes.insert(pool.bytes.end(), it->begin(), it->end());
+    for (auto it = ref_pages.rbegin(); it != ref_pages.rend(); ++it)
+      pool.ref_bytes.insert(pool.ref_bytes.end(), it->begin(), it->end());
   }
   const int heads = c.kv_heads * c.group;
   std::vector<uint16_t> q_bf16(static_cast<size_t>(batch) * heads * d);
@@ -97,11 +166,58 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
   for (int s = 0; s < 3; ++s) {
     ref.segments[s] = {pools[s].bytes.data(),   pools[s].stride,      pools[s].indptr.data(),
                        pools[s].indices.data(), pools[s].last.data(), pools[s].encoding};
+    if (s == 1 && codec) {
+      ref.segments[s].pool = pools[s].ref_bytes.data();
+      ref.segments[s].slot_stride = pools[s].ref_stride;
+      ref.segments[s].encoding = PageEncoding::kBf16;
+    }
   }
   ref.out = expect.data();
   ref.lse = expect_lse.data();
   EXPECT_EQ(ValidateSplitDecode(ref), nullptr);
   SplitDecodeAttentionRef(ref);
+  if (codec) {
+    // The history's partial from its fp32 rows (DecodeCodecBlock's values, not rounded to a
+    // page format), merged with the sink's and the window's.
+    for (int b = 0; b < batch; ++b) {
+      for (int hq = 0; hq < heads; ++hq) {
+        const int h = hq / c.group;
+        const float* qrow = q.data() + (int64_t{b} * heads + hq) * d;
+        std::vector<float> o(d), o_sink(d), o_recent(d), o_hist(d, 0.0f);
+        float lse = 0, lse_sink = 0, lse_recent = 0, lse_hist = -INFINITY;
+        PartialAttentionRef(qrow, g, ref.segments[0], b, ref.layer, h, ref.sm_scale, o_sink.data(),
+                            &lse_sink);
+        PartialAttentionRef(qrow, g, ref.segments[2], b, ref.layer, h, ref.sm_scale,
+                            o_recent.data(), &lse_recent);
+        const std::vector<float>& k = codec_rows[b][2 * h];
+        const std::vector<float>& v = codec_rows[b][2 * h + 1];
+        const int64_t n = static_cast<int64_t>(k.size()) / d;
+        if (n > 0) {
+          std::vector<double> score(n);
+          double m = -INFINITY;
+          for (int64_t t = 0; t < n; ++t) {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) dot += double{qrow[i]} * k[t * d + i];
+            score[t] = dot * ref.sm_scale;
+            m = std::max(m, score[t]);
+          }
+          double sum = 0;
+          std::vector<double> acc(d, 0.0);
+          for (int64_t t = 0; t < n; ++t) {
+            const double w = std::exp(score[t] - m);
+            sum += w;
+            for (int i = 0; i < d; ++i) acc[i] += w * v[t * d + i];
+          }
+          for (int i = 0; i < d; ++i) o_hist[i] = static_cast<float>(acc[i] / sum);
+          lse_hist = static_cast<float>(m + std::log(sum));
+        }
+        MergeAttentionStates(o_sink.data(), lse_sink, o_hist.data(), lse_hist, d, o.data(), &lse);
+        MergeAttentionStates(o.data(), lse, o_recent.data(), lse_recent, d,
+                             expect.data() + (int64_t{b} * heads + hq) * d,
+                             &expect_lse[int64_t{b} * heads + hq]);
+      }
+    }
+  }
 
   // GPU.
   SplitDecodeCudaParams p;
@@ -115,6 +231,7 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
   p.layer = ref.layer;
   p.sm_scale = ref.sm_scale;
   p.geometry = g;
+  if (codec) p.codec = codec_pages->Layout(ref.layer);
   std::vector<void*> allocations{const_cast<uint16_t*>(p.q), q_source};
   for (int s = 0; s < 3; ++s) {
     uint8_t* pool = ToDevice(pools[s].bytes);
@@ -209,7 +326,7 @@ const SplitDecodeVariant kVariants[] = {
     {.int2_quick_start = false},
     {.int2_overlap_pages = true, .int2_quick_start = false},
     {.combine_head_weights = false},
-    {.early_launch = true},
+    {.early_launch = true, .codec_page_tables = false},
     {.fuse_window = false, .early_launch = true},
     {.int2_quick_start = false, .early_launch = true},
     {.bf16_tensor_cores = false,
@@ -266,6 +383,45 @@ TEST(SplitDecodeGpu, MatchesCpuReference) {
 
 // The merge writing a GEMM's 16-bit operand rows itself, through a row map, as the engine's
 // decode does with early launches.
+// A codec history (the codec cache format): every region's bits from 4 down to a dropped one,
+// 3-bit codes across byte boundaries, layers of different recipes, against the reference over
+// the same pages decoded by DecodeCodecBlock.
+TEST(SplitDecodeGpu, MatchesCpuReferenceWithACodecHistory) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string specs[2] = {
+      "4x16+3x16+2x32:s8:pr|3x16+2x16+1x32:s8:pr;1=4x64:s8:pr|2x32+1x16+0x16:s8:pr",
+      "3x32+2x96:s8:pr|2x64+1x64:s8:pr;1=4x32+3x32+2x32+1x32:s8:pr|3x16+2x32+1x32+0x48:s8:pr"};
+  double worst = 0;
+  int shapes = 0;
+  uint32_t seed = 500;
+  for (const SplitDecodeVariant& v : kVariants) {
+    if (!v.bf16_tensor_cores) continue;  // decoded rows go to the tensor cores only
+    SCOPED_TRACE(testing::Message() << "variant " << (&v - kVariants));
+    for (int d : {64, 128}) {
+      const std::string& spec = specs[d == 128];
+      for (int group : {1, 3, 4, 8}) {
+        for (int fake_sms : {0, 4000}) {
+          SCOPED_TRACE(testing::Message() << "head_dim " << d << ", group " << group
+                                          << ", fake_sms " << fake_sms);
+          Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 319}, fake_sms,
+                 PageEncoding::kCodec, spec};
+          worst = std::max(worst, RunCase(c, seed++, v));
+          ++shapes;
+        }
+      }
+    }
+    // the default model's shape with a long history
+    worst = std::max(worst, RunCase({64, 3, 3, 2, {64}, {200}, {270}, 0, PageEncoding::kCodec,
+                                     specs[0]},
+                                    seed++, v));
+    ++shapes;
+  }
+  std::printf("split decode, codec history: %d shape sets, largest error %.3g of the row's max "
+              "|o|\n",
+              shapes, worst);
+  EXPECT_GT(shapes, 0);
+}
+
 TEST(SplitDecodeGpu, WritesOutputRowsInSixteenBitFloats) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 500;
@@ -293,6 +449,23 @@ TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
   p.geometry.group_size = 128;
   p.segments[1].encoding = PageEncoding::kInt2LloydMax;
   EXPECT_EQ(LaunchSplitDecode(p, plan, nullptr, nullptr), cudaErrorInvalidValue);
+  // A codec whose regions do not split into chunks of eight channels.
+  HistoryCodec codec;
+  std::string error;
+  ASSERT_TRUE(ParseHistoryCodec("2x4+2x124:s8:pr|2x128:s8:pr", 128, &codec, &error)) << error;
+  p.segments[1].encoding = PageEncoding::kCodec;
+  p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 4096);
+  EXPECT_FALSE(SplitDecodeTakesCodec(p.codec, 128));
+  EXPECT_EQ(LaunchSplitDecode(p, plan, nullptr, nullptr), cudaErrorInvalidValue);
+  ASSERT_TRUE(ParseHistoryCodec("2x8+1x120:s8:pr|2x128:s8:pr", 128, &codec, &error)) << error;
+  p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 4096);
+  EXPECT_TRUE(SplitDecodeTakesCodec(p.codec, 128));
+  // Page tables past the kernel's room: five 4-bit regions (5 x 256 pairs).
+  ASSERT_TRUE(ParseHistoryCodec("4x16+4x16+4x16+4x16+4x64:s8:pr|2x128:s8:pr", 128, &codec,
+                                &error))
+      << error;
+  p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 8192);
+  EXPECT_FALSE(SplitDecodeTakesCodec(p.codec, 128));
 }
 
 TEST(SplitDecodePlan, CoversEveryPage) {
