@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/status_macros.h"
 #include "engine/cuda/cuda_backend_internal.h"
+#include "kernels/codec_page.h"
 #include "kernels/numeric.h"
 
 namespace kvstrata::engine {
@@ -142,6 +143,19 @@ absl::Status CudaBackend::UploadWeights() {
     for (int h = 0; h < cfg_.num_kv_heads; ++h) {
       clips[(l * 2 + 0) * cfg_.num_kv_heads + h] = rot_.key_clip(l, h);
       clips[(l * 2 + 1) * cfg_.num_kv_heads + h] = rot_.value_clip(l, h);
+    }
+  }
+  if (cache_->options().format == KvCacheFormat::kCodec) {
+    const kernels::HistoryCodec& codec = *cache_->options().codec;
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      codec_layouts_.push_back(kernels::CodecLayerLayoutFor(
+          codec.Side(l, 0), codec.Side(l, 1), cache_->geometry().page_tokens,
+          cache_->HistoryBlockOffset(l, 0, 0), cache_->HistoryBlockOffset(l, 1, 0)));
+      if (!kernels::SplitDecodeTakesCodec(codec_layouts_.back(), cfg_.head_dim)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "the CUDA backend's codec kernels need every region of layer ", l,
+            "'s recipes to span a multiple of 8 channels"));
+      }
     }
   }
   KV_CUDA_RETURN_IF_ERROR(clips_.Allocate(clips.size() * 4), "cudaMalloc (clips)");
@@ -287,21 +301,28 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedMo
     return absl::InvalidArgumentError(
         "the CUDA backend needs the KV cache in device page memory (DevicePageMemoryAllocator)");
   }
-  if (cache->options().format != KvCacheFormat::kBf16 &&
-      cache->options().format != KvCacheFormat::kInt2) {
+  const KvCacheFormat format = cache->options().format;
+  if (format != KvCacheFormat::kBf16 && format != KvCacheFormat::kInt2 &&
+      format != KvCacheFormat::kCodec) {
     return absl::UnimplementedError(absl::StrCat(
-        "the CUDA backend serves the bf16 and int2 KV formats, not ",
-        KvCacheFormatName(cache->options().format)));
+        "the CUDA backend serves the bf16, int2 and codec KV formats, not ",
+        KvCacheFormatName(format)));
   }
   const kernels::KvGeometry& g = cache->geometry();
-  if (cache->split() && g.group_size != g.head_dim) {
+  if (format == KvCacheFormat::kInt2 && g.group_size != g.head_dim) {
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA backend's INT2 kernels need kv_cache.group_size = head_dim (", g.head_dim,
         "), not ", g.group_size));
   }
   if (const PagePool* history = cache->int2_pool();
-      history != nullptr && (history->slot_bytes() % kHistoryUnitBytes != 0 ||
-                             history->num_slots() * history->slot_bytes() > kHistoryReachBytes)) {
+      history != nullptr && history->slot_bytes() % kHistoryUnitBytes != 0) {
+    // The attention kernels' page tables count history pages in 64-byte units.
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA backend needs history pages of a multiple of ", kHistoryUnitBytes,
+        " bytes; this KV format's are ", history->slot_bytes()));
+  }
+  if (const PagePool* history = cache->int2_pool();
+      history != nullptr && history->num_slots() * history->slot_bytes() > kHistoryReachBytes) {
     // The attention kernels' page tables count history pages in 64-byte units (int32).
     return absl::InvalidArgumentError(absl::StrCat(
         "the KV cache's history pool (", history->num_slots(), " pages of ", history->slot_bytes(),

@@ -223,6 +223,8 @@ class CudaBackend final : public Backend {
   std::vector<LayerDeviceWeights> layers_;
   DeviceBuffer rotations_;  // k then v: [layers][kv_heads][d][d] each; empty for identity
   DeviceBuffer clips_;      // [layers][2][kv_heads]
+  // The codec format: each layer's K and V blocks in a history page (CodecLayerLayoutFor).
+  std::vector<kernels::CodecLayerLayout> codec_layouts_;
 
   // Activations for max_step_tokens tokens.
   DeviceBuffer x_, hn_, qkv_, q_, k_, v_, qr_, attn_, o_, o_half_, gate_, up_, act_, cos_, sin_;

@@ -127,7 +127,21 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     a.overlap_previous = early;
     KV_CUDA_RETURN_IF_ERROR(kernels::AppendRotatedRows(a, stream_), "AppendRotatedRows");
   }
-  if (plan.demote_pages > 0) {
+  if (plan.demote_pages > 0 && !codec_layouts_.empty()) {
+    kernels::DemoteCodecParams dp;
+    dp.bf16_pool = cache_->bf16_pool().base() + layer * 2 * nkv * bf16_block;
+    dp.bf16_stride = cache_->bf16_pool().slot_bytes();
+    dp.history_pool = const_cast<uint8_t*>(cache_->int2_pool()->base());
+    dp.history_stride = cache_->int2_pool()->slot_bytes();
+    dp.src_slot = plan.demote_src;
+    dp.dst_slot = plan.demote_dst;
+    dp.num_pages = plan.demote_pages;
+    dp.num_pages_device = plan.demote_count;
+    dp.geometry = one_layer;
+    dp.codec = codec_layouts_[layer];
+    dp.overlap_previous = early;
+    KV_CUDA_RETURN_IF_ERROR(kernels::DemoteCodecPages(dp, stream_), "DemoteCodecPages");
+  } else if (plan.demote_pages > 0) {
     const int64_t int2_block = kernels::BlockBytes(geo, cache_->int2_encoding());
     kernels::DemoteParams dp;
     dp.bf16_pool = cache_->bf16_pool().base() + layer * 2 * nkv * bf16_block;
@@ -151,6 +165,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     kernels::ChunkAttentionParams c = plan.chunk;
     c.q = qr;
     c.layer = layer;
+    if (!codec_layouts_.empty()) c.codec = codec_layouts_[layer];
     KV_CUDA_RETURN_IF_ERROR(kernels::LaunchChunkAttention(c, stream_), "LaunchChunkAttention");
   }
   if (plan.decode_items > 0) {
@@ -171,6 +186,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     }
     kernels::SplitDecodeCudaParams dpar = plan.decode;
     dpar.layer = layer;
+    if (!codec_layouts_.empty()) dpar.codec = codec_layouts_[layer];
     // With early launches, a 16-bit Wo operand comes straight from the merge (the same rounding
     // as the scatter's), so Wo's GEMV starts its weights while the merge runs.
     const bool merge_to_rows = o_is_rows && early && ht != GemmType::kFp32;

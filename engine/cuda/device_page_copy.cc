@@ -20,7 +20,10 @@ absl::Status CudaError(cudaError_t e, const char* what, int device) {
 CudaDevicePageAccess::CudaDevicePageAccess(int device, cudaStream_t stream, const KvCache* cache)
     : device_(device), stream_(stream) {
   const PagePool* history = cache->int2_pool();
-  if (history == nullptr || cache->options().format != KvCacheFormat::kInt2) return;
+  const KvCacheFormat format = cache->options().format;
+  if (history == nullptr || (format != KvCacheFormat::kInt2 && format != KvCacheFormat::kCodec)) {
+    return;
+  }
   if (const auto* memory = dynamic_cast<const DevicePageMemory*>(history->memory().get())) {
     room_ = memory->room();
   }

@@ -175,7 +175,7 @@ Divergence Compare(const std::vector<float>& cpu, const std::vector<float>& gpu,
 // CPU engine drifts from itself when its weights move by one part in a million. There the GPU
 // must stay within that drift and be as faithful to the BF16 cache as the CPU engine is.
 TEST_P(CudaEngineTest, NextTokenDistributionsMatchTheCpuEngine) {
-  const bool int2 = GetParam() == KvCacheFormat::kInt2;
+  const bool int2 = GetParam() != KvCacheFormat::kBf16;  // INT2 or the codec: quantised
   std::unique_ptr<Engine> cpu = Make(false);
   std::unique_ptr<Engine> drifted = Make(false, GpuWeights::kAuto, true, true, /*perturbed=*/true);
   std::unique_ptr<Engine> bf16 = Make(false, GpuWeights::kAuto, true, true, false,
@@ -626,7 +626,7 @@ TEST_P(CudaEngineTest, PagesReadInPlaceFromAnotherPoolDecodeAsTheirCopies) {
   const int history = GetParam() == KvCacheFormat::kBf16
                           ? 0
                           : static_cast<int>(gpu->cache().DemotedPagesEnd(cacheable * 64)) - 1;
-  EXPECT_EQ(reachable, history) << "every INT2 history page of the mapped pool is in reach";
+  EXPECT_EQ(reachable, history) << "every history page of the mapped pool is in reach";
   // Greedy continuations: copied, then read in place (and a batch of both at once).
   std::vector<int> cached;
   auto run = [&](std::vector<GenerationRequest> requests, std::vector<int>* in_place) {
@@ -687,9 +687,12 @@ TEST_P(CudaEngineTest, PagesReadInPlaceFromAnotherPoolDecodeAsTheirCopies) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaEngineTest,
-                         ::testing::Values(KvCacheFormat::kInt2, KvCacheFormat::kBf16),
+                         ::testing::Values(KvCacheFormat::kInt2, KvCacheFormat::kBf16,
+                                           KvCacheFormat::kCodec),
                          [](const ::testing::TestParamInfo<KvCacheFormat>& info) {
-                           return std::string(info.param == KvCacheFormat::kInt2 ? "Int2" : "Bf16");
+                           return std::string(info.param == KvCacheFormat::kInt2   ? "Int2"
+                                              : info.param == KvCacheFormat::kBf16 ? "Bf16"
+                                                                                   : "Codec");
                          });
 
 }  // namespace
