@@ -25,7 +25,10 @@
 #          CPU engine, `kvstrata bench-engine --device cuda` (batch 1, 8, 32, both formats), and
 #          a local cluster whose two decode workers serve from the GPU (demo-chat through the
 #          router). Results under ${OUT:-bench-out}/. KVSTRATA_GPU_TEST_FILTER (a gtest filter)
-#          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out.
+#          narrows the test, KVSTRATA_GPU_BENCH=0 leaves the benchmarks out,
+#          KVSTRATA_GPU_BENCH_RUNS ("WEIGHTS graphs|launches gpu|host;...") and
+#          KVSTRATA_GPU_BENCH_FORMATS (bf16,int2,codec) narrow them, KVSTRATA_GPU_CLUSTER=0
+#          leaves the cluster out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?usage: bench/gpu_session.sh pack|kernels|gemv|int2|attention|stage N|engine|transport}
@@ -148,17 +151,19 @@ case $step in
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     # Side by side in one run: GPU sampling on and off, bf16 weights, kernels launched one by one.
     mkdir -p "$work/json"
-    [[ ${KVSTRATA_GPU_BENCH:-1} == 1 ]] && for run in "auto graphs gpu" "auto graphs host" "bf16 graphs gpu" "auto launches gpu"; do
+    runs=${KVSTRATA_GPU_BENCH_RUNS:-"auto graphs gpu;auto graphs host;bf16 graphs gpu;auto launches gpu"}
+    [[ ${KVSTRATA_GPU_BENCH:-1} == 1 ]] && IFS=';' read -ra runs <<<"$runs" && for run in "${runs[@]}"; do
       set -- $run
       echo "== bench-engine --device cuda --gpu-weights $1 ($2, sampling on the $3)"
       kvstrata bench-engine --device cuda --gpu-weights "$1" \
         --cuda-graphs="$([[ $2 == graphs ]] && echo true || echo false)" \
         --gpu-sampling="$([[ $3 == gpu ]] && echo true || echo false)" \
         --model "$KVSTRATA_MODEL" --kv-cache-mb 8192 --prompt-tokens 1024 --decode-tokens 64 \
-        --batch-sizes 1,8,32 --kv-formats bf16,int2 --json "$work/json/bench-engine-cuda-$1-$2-$3.json" \
+        --batch-sizes 1,8,32 --kv-formats "${KVSTRATA_GPU_BENCH_FORMATS:-bf16,int2,codec}" --json "$work/json/bench-engine-cuda-$1-$2-$3.json" \
         2>&1 | tee -a "$out/bench_engine.log" | grep -vE '^\s*("|\{|\}|\]|\[)' || status=1
     done
     [[ ${KVSTRATA_GPU_BENCH:-1} == 1 ]] && tar cf "$out/bench-engine-json.tar" -C "$work/json" .
+    [[ ${KVSTRATA_GPU_CLUSTER:-1} == 1 ]] || exit $status
     echo "== a cluster serving from the GPU"
     # Ports away from the defaults, which that machine's own services may hold.
     export KVSTRATA_CLUSTER_DIR=$work/cluster BUILD_DIR=$work/device KVSTRATA_DECODE_DEVICE=cuda \
