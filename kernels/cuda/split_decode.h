@@ -71,10 +71,12 @@ struct SplitDecodeVariant {
   // guarantees that the kernel just before writes no page this launch reads (in the engine it
   // is the query gather; the pages were written by launches before that one).
   bool early_launch = false;
-  // Codec history: per page, each region's levels times its page ratio go into a table of bf16
-  // values once, the rows are decoded by table lookups alone, and the rows' scales multiply the
-  // scores and the probabilities (false: every value scaled in fp32 as it is decoded).
-  bool codec_page_tables = true;
+  // Codec history (kernels/cuda/split_decode_codec.cuh): 0, every value scaled in fp32 as it
+  // is decoded; 1, per page each region's levels times its page ratio go into tables once, rows
+  // are decoded by lookups alone, and the rows' scales multiply the scores and the
+  // probabilities; 2 (the default), the same with each warp decoding the rows it multiplies and
+  // the next page's tables built while the page is attended: one barrier per page, not three.
+  int codec_decode = 2;
 };
 
 struct SplitDecodePlan {
@@ -103,7 +105,7 @@ int SplitDecodeCtasPerSm(int head_dim, PageEncoding history = PageEncoding::kInt
 // Whether the split decode (and the codec demotion and chunk attention) kernels take a codec
 // layer's layout: every region's channels a multiple of 8, each side's block within the
 // kernels' shared-memory stage, and Σ 4^bits over a side's regions (its page tables) at most
-// 1024: any one 4-bit region with up to 3-bit ones beside it, every P2 recipe.
+// 512: one 4-bit region with 3-bit and narrower ones beside it, as every P2 recipe.
 bool SplitDecodeTakesCodec(const CodecLayerLayout& layout, int head_dim);
 
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
