@@ -502,9 +502,8 @@ void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const 
   const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * s.q_heads * d * 2;
   const double bits = block_bytes * 8 / (2.0 * 64 * d);
   const Step steps[] = {
-      {"every value scaled as decoded", {.codec_decode = 0}},
-      {"page tables, row scales on scores and probabilities", {.codec_decode = 1}},
-      {"+ warps decode their own rows, next tables built meanwhile (default)", {}},
+      {"every value scaled as decoded", {.codec_page_tables = false}},
+      {"page tables, row scales on scores and probabilities (default)", {}},
   };
   std::vector<SplitDecodePlan> plans;
   for (const Step& step : steps) {

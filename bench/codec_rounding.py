@@ -9,9 +9,9 @@ values, as a fraction of the row's largest |o| (the test's measure):
 
   exact K/V, bf16 P            what the INT2 and BF16 kernels round (their K and V are exact)
   bf16 values                  the decoded values s·ρ·L rounded to bf16, q and P in bf16
-  fp16 values                  the same in fp16 (codec_decode 0)
+  fp16 values                  the same in fp16 (SplitDecodeVariant::codec_page_tables off)
   fp16 tables, scales apart    ρ·L in fp16, the row scale s applied to the score and to P
-                               before P's rounding (codec_decode 1 and 2)
+                               before P's rounding (codec_page_tables, the default)
 
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install numpy==2.4.6
   /tmp/venv/bin/python bench/codec_rounding.py

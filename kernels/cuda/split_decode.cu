@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3)
     CodecHistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
-                       Workspace ws, int decode) {
+                       Workspace ws, bool page_tables) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int h = blockIdx.y, b = blockIdx.z;
   if (static_cast<int>(blockIdx.x) < window_ctas) {
@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int begin = split * pages_per_split;
   CodecPageRange<D>(p, p.segments[kHistorySegment], b, h, begin, begin + pages_per_split, smem,
                     PartialRow(ws, b, p.geometry.num_kv_heads, h, ws.window + split), ws,
-                    decode);
+                    page_tables);
 }
 
 // The window pages as a launch of their own, on tensor cores (fuse_window off).
@@ -769,7 +769,7 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     cudaError_t e = cudaSuccess;
     if (codec_history) {
       e = LaunchKernel(early, history_grid, dim3(kThreads), kCodecHistorySmemBytes<D>, stream,
-                       CodecHistoryKernel<D>, p, pps, window_ctas, ws, v.codec_decode);
+                       CodecHistoryKernel<D>, p, pps, window_ctas, ws, v.codec_page_tables);
     } else if (bf16_history && v.bf16_tensor_cores) {
       e = LaunchKernel(early, history_grid, dim3(kThreads), kBf16HistorySmemBytes<D>, stream,
                        Bf16HistoryMmaKernel<D>, p, pps, window_ctas, ws);

@@ -71,12 +71,10 @@ struct SplitDecodeVariant {
   // guarantees that the kernel just before writes no page this launch reads (in the engine it
   // is the query gather; the pages were written by launches before that one).
   bool early_launch = false;
-  // Codec history (kernels/cuda/split_decode_codec.cuh): 0, every value scaled in fp32 as it
-  // is decoded; 1, per page each region's levels times its page ratio go into tables once, rows
-  // are decoded by lookups alone, and the rows' scales multiply the scores and the
-  // probabilities; 2 (the default), the same with each warp decoding the rows it multiplies and
-  // the next page's tables built while the page is attended: one barrier per page, not three.
-  int codec_decode = 2;
+  // Codec history (kernels/cuda/split_decode_codec.cuh): per page, each region's levels times
+  // its page ratio go into tables once, rows are decoded by lookups alone, and the rows' scales
+  // multiply the scores and the probabilities (false: every value scaled in fp32 as decoded).
+  bool codec_page_tables = true;
 };
 
 struct SplitDecodePlan {

@@ -4,11 +4,11 @@
 // split_decode.cu only): a CTA of 4 warps attends a range of codec pages of one (sequence, KV
 // head). Each page's K and V blocks (the launch's layer, SplitDecodeCudaParams::codec) are
 // streamed into shared memory by cp.async, kCodecStages pages in flight; the CTA then decodes
-// the page's codes into bf16 rows in the BF16 kernel's swizzled stage (every region of every row
+// the page's codes into fp16 rows in the BF16 kernel's swizzled stage (every region of every row
 // at its own bits and levels), and the warps run the BF16 page's tensor-core products on it
 // (split_decode_bf16.cuh).
 //
-// Decoding by page tables (SplitDecodeVariant::codec_decode 1 and 2): a value is
+// Decoding by page tables (SplitDecodeVariant::codec_page_tables, the default): a value is
 // s_t · ρ_k · L[code], s_t the row's scale and ρ_k the region's page ratio. Per page the CTA
 // first writes, for every region, the fp16 pairs (ρ_k · L[c0], ρ_k · L[c1]) of every pair of
 // codes (4^bits entries of 32 bits: two channels per lookup, no packing) into a table, and the
@@ -18,12 +18,6 @@
 // 11-bit significand keeps them closer to the CPU's fp32 than bf16 would. Each thread always
 // decodes the same eight channels of a row, so its region, code offset and table are fixed for
 // the launch; a dropped region reads a zero pair.
-//
-// Pipelined (codec_decode 2, the default): a warp's products read only its own 16 tokens of the
-// page, so each warp decodes those rows itself and goes on to attend them without waiting for
-// the others; the next page's tables go into a second buffer once the warp is done, from row
-// scales and ratios read from global memory while the page was decoded (they do not wait for
-// the page's copy), and one barrier per page separates a page's tables from their use.
 
 #include "kernels/cuda/codec_block.cuh"
 #include "kernels/cuda/ptx.cuh"
@@ -170,19 +164,15 @@ __device__ __forceinline__ void BuildCodecTables(const SplitDecodeCudaParams& p,
   }
 }
 
-// The staged page's rows as fp16 from the page tables: with WarpRows, the calling warp's 16
-// rows (the tokens its products read), else the CTA's threads all 64. Rows past the page's
-// tokens are decoded all the same: their codes are a full page's, and their scores masked.
-template <int D, bool WarpRows>
+// All threads of the CTA: the staged page's rows as fp16 from the page tables (rows past
+// `tokens` are decoded all the same: their codes are a full page's, and their scores masked).
+template <int D>
 __device__ __forceinline__ void DecodeCodecPageFromTables(const CodecThreadPlan& t,
                                                           const uint8_t* raw, uint8_t* stage,
                                                           const uint32_t (*tables)[kCodecTablePairs + 1]) {
   constexpr int kChunks = D / 8;
-  constexpr int kRowStep = (WarpRows ? 32 : kThreads) / kChunks;
-  constexpr int kRows = WarpRows ? 16 : kPageTokens;
+  constexpr int kRowStep = kThreads / kChunks;
   const int ch = threadIdx.x % kChunks;
-  const int first = WarpRows ? 16 * (threadIdx.x / 32) + threadIdx.x % 32 / kChunks
-                             : threadIdx.x / kChunks;
 #pragma unroll
   for (int kind = 0; kind < 2; ++kind) {
     const uint8_t* codes = raw + kind * kCodecSideBytes<D> + t.code_offset[kind];
@@ -191,8 +181,7 @@ __device__ __forceinline__ void DecodeCodecPageFromTables(const CodecThreadPlan&
     const uint32_t mask = (1u << (2 * bits)) - 1;  // a pair of codes; 0: the zero pair
     uint8_t* rows = stage + kind * (kPageTokens * 2 * D);
 #pragma unroll
-    for (int j = 0; j < kRows / kRowStep; ++j) {
-      const int row = first + j * kRowStep;
+    for (int row = threadIdx.x / kChunks; row < kPageTokens; row += kRowStep) {
       // The chunk's `bits` bytes, from the aligned words around them (a block's codes are
       // followed by its scales, so the second word is inside the stage).
       const uintptr_t at = reinterpret_cast<uintptr_t>(codes + row * t.row_bytes[kind]);
@@ -205,73 +194,19 @@ __device__ __forceinline__ void DecodeCodecPageFromTables(const CodecThreadPlan&
   }
 }
 
-// What BuildCodecTablesFrom needs of a page, read from global memory: this thread's row scale
-// code (K for threads 0-63, V for 64-127) and each side's region ratio codes (16 bytes).
-struct CodecPageScales {
-  uint32_t row_code;
-  uint4 ratios[2];
-};
-
-template <int D>
-__device__ __forceinline__ CodecPageScales LoadCodecPageScales(const SplitDecodeCudaParams& p,
-                                                               const PagedSegmentView& seg, int b,
-                                                               int page, int h) {
-  const int64_t slot = seg.indices[seg.indptr[b] + page];
-  const uint8_t* base = seg.pool + slot * seg.slot_stride;
-  CodecPageScales c;
-#pragma unroll
-  for (int kind = 0; kind < 2; ++kind) {
-    const CodecSideLayout& s = p.codec.side[kind];
-    const uint8_t* block = base + s.block0 + int64_t{h} * s.block_bytes;
-    c.ratios[kind] = *reinterpret_cast<const uint4*>(block + s.ratios);
-    if (static_cast<int>(threadIdx.x) / kPageTokens == kind) {
-      c.row_code = block[s.row_scales + threadIdx.x % kPageTokens];
-    }
-  }
-  return c;
-}
-
-// BuildCodecTables from a page's LoadCodecPageScales.
-__device__ __forceinline__ void BuildCodecTablesFrom(const SplitDecodeCudaParams& p,
-                                                     const CodecPageScales& c,
-                                                     const float (*levels)[16], const float* scales,
-                                                     uint32_t (*tables)[kCodecTablePairs + 1],
-                                                     float (*row_scale)[kPageTokens]) {
-  row_scale[threadIdx.x / kPageTokens][threadIdx.x % kPageTokens] = scales[c.row_code];
-#pragma unroll
-  for (int kind = 0; kind < 2; ++kind) {
-    const CodecSideLayout& s = p.codec.side[kind];
-    const uint4 r = c.ratios[kind];
-    int first = 0;
-    for (int k = 0; k < s.num_regions; ++k) {
-      const int bits = s.bits[k];
-      if (bits == 0) continue;
-      const uint32_t word = k < 4 ? r.x : k < 8 ? r.y : k < 12 ? r.z : r.w;
-      const float ratio = scales[(word >> (8 * (k % 4))) & 0xffu];
-      const float* l = levels[bits];
-      for (int e = threadIdx.x; e < 1 << (2 * bits); e += kThreads) {
-        tables[kind][first + e] =
-            ptx::PackHalf2(ratio * l[e & ((1 << bits) - 1)], ratio * l[e >> bits]);
-      }
-      first += 1 << (2 * bits);
-    }
-  }
-}
-
 // The whole CTA: codec pages [begin, end) of `seg` for (sequence b, KV head h), written as the
-// partial (o, lse) of workspace row row0. `smem` holds kCodecHistorySmemBytes<D>; decode is
-// SplitDecodeVariant::codec_decode.
+// partial (o, lse) of workspace row row0. `smem` holds kCodecHistorySmemBytes<D>; page_tables
+// is SplitDecodeVariant::codec_page_tables.
 template <int D>
 __device__ __forceinline__ void CodecPageRange(const SplitDecodeCudaParams& p,
                                                const PagedSegmentView& seg, int b, int h,
                                                int begin, int end, uint8_t* smem, int64_t row0,
-                                               const Workspace& ws, int decode) {
-  static_assert(32 % (D / 8) == 0, "a thread decodes the same chunk of every row");
-  static_assert(kThreads == 2 * kPageTokens, "a thread per (side, row) reads the row scales");
+                                               const Workspace& ws, bool page_tables) {
+  static_assert(kThreads % (D / 8) == 0, "a thread decodes the same chunk of every row");
   __shared__ float s_levels[5][16];
   __shared__ float s_scales[256];
-  __shared__ uint32_t s_tables[2][2][kCodecTablePairs + 1];  // [buffer][side]
-  __shared__ float s_row_scale[2][2][kPageTokens];            // [buffer][side][token]
+  __shared__ uint32_t s_tables[2][kCodecTablePairs + 1];
+  __shared__ float s_row_scale[2][kPageTokens];
   uint8_t* stage = smem;
   uint8_t* raw = smem + kBf16StageBytes<D>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -283,14 +218,8 @@ __device__ __forceinline__ void CodecPageRange(const SplitDecodeCudaParams& p,
     ptx::CpAsyncCommit();
   }
   codec::LoadTables(s_levels, s_scales);
-  if (threadIdx.x < 4) s_tables[threadIdx.x / 2][threadIdx.x % 2][kCodecZeroPair] = 0u;
+  if (threadIdx.x < 2) s_tables[threadIdx.x][kCodecZeroPair] = 0u;
   const CodecThreadPlan plan = PlanCodecThread<D>(p.codec);
-  const bool pipelined = decode == 2;
-  if (pipelined && n > 0) {
-    const CodecPageScales first = LoadCodecPageScales<D>(p, seg, b, begin, h);
-    __syncthreads();  // the level and scale tables
-    BuildCodecTablesFrom(p, first, s_levels, s_scales, s_tables[0], s_row_scale[0]);
-  }
   // The first pages are on their way; the queries (and the workspace) are the kernel before's.
   ptx::GridDependencyWait();
   uint32_t bq[D / 16][2], hq[D / 16][2];
@@ -307,54 +236,27 @@ __device__ __forceinline__ void CodecPageRange(const SplitDecodeCudaParams& p,
   const float qscale = p.sm_scale * kLog2e;
   Bf16WarpState<D> st;
   st.Clear();
-  if (pipelined) {
-    ptx::CpAsyncWait<kCodecStages - 2>();  // page 0 has landed (this thread's part of it)
-    for (int i = 0; i < n; ++i) {
-      __syncthreads();  // page i's copy and tables are whole; page i - 1's stage, tables done
-      const int next = i + kCodecStages - 1;
-      if (next < n) {
-        StageCodecPage<D>(p, seg, b, begin + next, h,
-                          raw + (next % kCodecStages) * kCodecRawBytes<D>);
-      }
-      ptx::CpAsyncCommit();
-      CodecPageScales ahead;
-      if (i + 1 < n) ahead = LoadCodecPageScales<D>(p, seg, b, begin + i + 1, h);
-      const int page = begin + i;
-      const int tokens = page + 1 == npages ? seg.last_page_len[b] : kPageTokens;
-      DecodeCodecPageFromTables<D, true>(plan, raw + (i % kCodecStages) * kCodecRawBytes<D>,
-                                         stage, s_tables[i % 2]);
-      __syncwarp();  // the warp's rows
-      Bf16PageTokens<D, true>(st, stage, warp, lane, tokens, hq, qscale, s_row_scale[i % 2]);
-      if (i + 1 < n) {
-        BuildCodecTablesFrom(p, ahead, s_levels, s_scales, s_tables[(i + 1) % 2],
-                             s_row_scale[(i + 1) % 2]);
-      }
-      ptx::CpAsyncWait<kCodecStages - 2>();  // page i + 1 has landed (this thread's part)
+  for (int i = 0; i < n; ++i) {
+    ptx::CpAsyncWait<kCodecStages - 2>();  // page i has landed (this thread's part of it)
+    __syncthreads();  // ... every thread's; page i - 1's rows, tables and raw stage are done with
+    const int next = i + kCodecStages - 1;
+    if (next < n) {
+      StageCodecPage<D>(p, seg, b, begin + next, h, raw + (next % kCodecStages) * kCodecRawBytes<D>);
     }
-  } else {
-    for (int i = 0; i < n; ++i) {
-      ptx::CpAsyncWait<kCodecStages - 2>();  // page i has landed (this thread's part of it)
-      __syncthreads();  // ... every thread's; page i - 1's rows, tables and raw stage are done
-      const int next = i + kCodecStages - 1;
-      if (next < n) {
-        StageCodecPage<D>(p, seg, b, begin + next, h,
-                          raw + (next % kCodecStages) * kCodecRawBytes<D>);
-      }
-      ptx::CpAsyncCommit();
-      const int page = begin + i;
-      const int tokens = page + 1 == npages ? seg.last_page_len[b] : kPageTokens;
-      const uint8_t* page_raw = raw + (i % kCodecStages) * kCodecRawBytes<D>;
-      if (decode == 1) {
-        BuildCodecTables<D>(p, page_raw, s_levels, s_scales, s_tables[0], s_row_scale[0]);
-        __syncthreads();  // the tables
-        DecodeCodecPageFromTables<D, false>(plan, page_raw, stage, s_tables[0]);
-        __syncthreads();  // the rows
-        Bf16PageTokens<D, true>(st, stage, warp, lane, tokens, hq, qscale, s_row_scale[0]);
-      } else {
-        DecodeCodecPageScaled<D>(p, page_raw, stage, tokens, s_levels, s_scales);
-        __syncthreads();  // the rows
-        Bf16PageTokens<D, true>(st, stage, warp, lane, tokens, hq, qscale);
-      }
+    ptx::CpAsyncCommit();
+    const int page = begin + i;
+    const int tokens = page + 1 == npages ? seg.last_page_len[b] : kPageTokens;
+    const uint8_t* page_raw = raw + (i % kCodecStages) * kCodecRawBytes<D>;
+    if (page_tables) {
+      BuildCodecTables<D>(p, page_raw, s_levels, s_scales, s_tables, s_row_scale);
+      __syncthreads();  // the tables
+      DecodeCodecPageFromTables<D>(plan, page_raw, stage, s_tables);
+      __syncthreads();  // the rows
+      Bf16PageTokens<D, true>(st, stage, warp, lane, tokens, hq, qscale, s_row_scale);
+    } else {
+      DecodeCodecPageScaled<D>(p, page_raw, stage, tokens, s_levels, s_scales);
+      __syncthreads();  // the rows
+      Bf16PageTokens<D, true>(st, stage, warp, lane, tokens, hq, qscale);
     }
   }
   ptx::CpAsyncWait<0>();
