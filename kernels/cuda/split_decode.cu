@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                 ws);
 }
 
-// History in a codec (the codec cache format), decoded to bf16 rows page by page
+// History in a codec (the codec cache format), decoded to fp16 rows page by page
 // (split_decode_codec.cuh); the first window_ctas CTAs take the window pages.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3)

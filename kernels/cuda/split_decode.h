@@ -6,7 +6,7 @@
 // merge kernel combines every partial (o, lse) exactly. A BF16 history segment (the BF16 cache
 // format) is split the same way and attended on bf16 tensor cores: the BF16 baseline the INT2
 // format is measured against. A codec history (the codec format) is decoded page by page into
-// bf16 rows in shared memory and attended as BF16. CPU reference: SplitDecodeAttentionRef
+// fp16 rows in shared memory and attended as those pages are. CPU reference: SplitDecodeAttentionRef
 // (kernels/attention_ref.h; the codec's test decodes with DecodeCodecBlock).
 //
 // Plan on the host (PlanSplitDecode), then LaunchSplitDecode allocates nothing, so a decode
