@@ -316,12 +316,6 @@ const float* GaussianLloydMaxCentroids(int bits) {
   }
 }
 
-uint8_t LogScaleCode(float s) {
-  if (!(s > 0.0f)) return 0;
-  const long c = std::lround(8.0 * std::log2(static_cast<double>(s))) + 160;
-  return static_cast<uint8_t>(std::clamp<long>(c, 1, 255));
-}
-
 float LogScaleValue(uint8_t code) {
   // A table: the codec pages' decoder reads two of these per row and region.
   static const auto* values = [] {

@@ -49,6 +49,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/numeric.h"
+
 namespace kvstrata::kernels {
 
 struct CodecRegion {
@@ -115,9 +117,8 @@ double LloydMaxDistortion(int bits, float level_multiplier);
 void CodecBiasFeatures(const SideRecipe& r, int d, const float* q, int rows, float sm_scale,
                        float* f);
 
-// The 8-bit log2 scale code: 0 for s <= 0 (or below the range), else round(8·log2 s) + 160
-// clamped to 1..255; and back.
-uint8_t LogScaleCode(float s);
+// The value of an 8-bit log2 scale code (LogScaleCode, kernels/numeric.h): 2^((code - 160) / 8),
+// 0 for code 0.
 float LogScaleValue(uint8_t code);
 
 }  // namespace kvstrata::kernels

@@ -94,4 +94,13 @@ KV_HOST_DEVICE uint16_t FloatToFp16Saturate(float f) {
 
 KV_HOST_DEVICE float RoundToFp16(float f) { return Fp16ToFloat(FloatToFp16(f)); }
 
+// The 8-bit log2 scale code of the codec format (kernels/history_codec.h, codec_page.h): 0 for
+// s <= 0, else round(8·log2 s) + 160 clamped to 1..255, in double on the CPU and the GPU alike,
+// so pages demoted on either are the same bytes. LogScaleValue is its inverse.
+KV_HOST_DEVICE uint8_t LogScaleCode(float s) {
+  if (!(s > 0.0f)) return 0;
+  const long long c = llround(8.0 * log2(static_cast<double>(s))) + 160;
+  return static_cast<uint8_t>(c < 1 ? 1 : c > 255 ? 255 : c);
+}
+
 }  // namespace kvstrata::kernels

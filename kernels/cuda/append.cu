@@ -132,13 +132,6 @@ __global__ void DemoteKernel(DemoteParams p) {
   for (int i = t; i < 64 * D / 16; i += 64) reinterpret_cast<uint32_t*>(dst)[i] = packed[i];
 }
 
-// LogScaleCode (kernels/history_codec.h) on the device: the same double arithmetic.
-__device__ __forceinline__ uint8_t LogScaleCode(float s) {
-  if (!(s > 0.0f)) return 0;
-  const long long c = llround(8.0 * log2(static_cast<double>(s))) + 160;
-  return static_cast<uint8_t>(c < 1 ? 1 : c > 255 ? 255 : c);
-}
-
 // The most bytes one codec block takes (codes of at most 4 bits, each region padded to 16, the
 // row scales, the ratios and the padding), as kernels/cuda/split_decode_codec.cuh reads them.
 template <int D>
