@@ -8,7 +8,8 @@
 #   there:  bench/gpu_session.sh stage 1   (carry .devpack/model.1; one call per middle part)
 #   there:  bench/gpu_session.sh engine    (carry .devpack/model.N .devpack/model.sha256, N last)
 #
-# pack prints the calls it needs. kernels: unpacks the binaries, keeps the first part of the
+# pack prints the calls it needs (KVSTRATA_PACK_EXTRA: more binaries to send, such as a
+# benchmark built before a change, to run beside the new one). kernels: unpacks the binaries, keeps the first part of the
 # model, runs the kernel GPU tests and the NCCL transport's one-GPU tests. stage: keeps one
 # more part.
 # gemv:    after kernels: kvstrata_bench_gemv, the decode GEMV's launch variants side by side.
@@ -55,18 +56,18 @@ case $step in
       build/bin/kvstrata_bench_attention build/bin/kvstrata_bench_gemv \
       build/tests/kernels/*_gpu_test build/tests/engine/engine_cuda_gpu_test \
       build/tests/transport/transport_nccl_gpu_test build/tests/services/kvstore_nccl_gpu_test \
-      >/dev/null
+      ${KVSTRATA_PACK_EXTRA:-} >/dev/null
     strip -s .device/bin/* 2>/dev/null
     mkdir -p .devpack
     grep -qxF "/.devpack/" .git/info/exclude || echo "/.devpack/" >>.git/info/exclude
     tar cf - -C .device . | xz -T0 -6 >.devpack/bin.tar.xz
     # A transfer to that machine holds 64 MiB, the repository (~16 MB) included: the first
-    # part travels with the binaries (~18 MB), the others one per call. (32 MiB + 18 MB +
+    # part travels with the binaries (~18 MB), the others one per call (36 MiB each, the repository now ~21 MB). (32 MiB + 18 MB +
     # 16 MB came to just over 64 MiB.)
     rm -f .devpack/model.[0-9]*
     first=$((24 << 20))
     head -c "$first" "$model" >.devpack/model.0
-    tail -c +$((first + 1)) "$model" | split -b $((44 << 20)) -d -a 1 --numeric-suffixes=1 - .devpack/model.
+    tail -c +$((first + 1)) "$model" | split -b $((36 << 20)) -d -a 1 --numeric-suffixes=1 - .devpack/model.
     sha256sum "$model" | cut -d' ' -f1 >.devpack/model.sha256
     last=$(ls .devpack/model.[0-9]* | sed 's/.*model\.//' | sort -n | tail -1)
     echo "calls: kernels (carry .devpack/bin.tar.xz .devpack/model.0)"
