@@ -84,10 +84,27 @@ __device__ __forceinline__ void DecodeEight(const uint8_t* block, const CodecSid
   for (int j = 0; j < 8; ++j) out[j] = scale * l[(w >> (j * bits)) & mask];
 }
 
+// Where a region's pair table (4^bits pairs) starts in its side's tables, the tables before it
+// ending at `end`: at the next multiple of its own size, so that an entry's index within the
+// side's tables is the table's first index ORed with the entry's.
+__host__ __device__ __forceinline__ int AlignedTableFirst(int end, int bits) {
+  const int size = 1 << (2 * bits);
+  return (end + size - 1) & -size;
+}
+
+// The pairs a side's tables take, in region order, each aligned as AlignedTableFirst places it.
+inline int CodecTablePairs(const CodecSideLayout& s) {
+  int end = 0;
+  for (int k = 0; k < s.num_regions; ++k) {
+    if (s.bits[k] > 0) end = AlignedTableFirst(end, s.bits[k]) + (1 << (2 * s.bits[k]));
+  }
+  return end;
+}
+
 // Whether the GPU kernels take a layout: every region's channels a multiple of 8 (a decoded
 // chunk of eight channels lies in one region), bits 0..4, the regions covering head_dim, each
-// side's block within max_block_bytes, and its regions' pair tables (4^bits entries each) within
-// max_table_pairs.
+// side's block within max_block_bytes, and its regions' pair tables (4^bits entries each, each
+// aligned to its size: CodecTablePairs) within max_table_pairs.
 inline bool GpuLayoutOk(const CodecLayerLayout& l, int head_dim, int max_block_bytes,
                         int max_table_pairs = 1 << 30) {
   for (const CodecSideLayout& s : l.side) {
@@ -95,13 +112,12 @@ inline bool GpuLayoutOk(const CodecLayerLayout& l, int head_dim, int max_block_b
         s.block_bytes > max_block_bytes || s.block_bytes % 16 != 0 || s.block0 % 16 != 0) {
       return false;
     }
-    int channels = 0, pairs = 0;
+    int channels = 0;
     for (int k = 0; k < s.num_regions; ++k) {
       if (s.channels[k] % 8 != 0 || s.bits[k] > 4) return false;
       channels += s.channels[k];
-      pairs += s.bits[k] > 0 ? 1 << (2 * s.bits[k]) : 0;
     }
-    if (channels != head_dim || pairs > max_table_pairs) return false;
+    if (channels != head_dim || CodecTablePairs(s) > max_table_pairs) return false;
   }
   return true;
 }

@@ -121,6 +121,14 @@ __device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
   return y;
 }
 
+// A 32-bit load from shared memory at a shared-window address (for addresses built with integer
+// arithmetic, which a generic pointer would send through generic loads).
+__device__ __forceinline__ uint32_t LdShared32(uint32_t address) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);

@@ -17,7 +17,8 @@
 // the values are within fp16's range (|ρ · L| < 2^12 · 2.74), so the products run in fp16, whose
 // 11-bit significand keeps them closer to the CPU's fp32 than bf16 would. Each thread always
 // decodes the same eight channels of a row, so its region, code offset and table are fixed for
-// the launch; a dropped region reads a zero pair.
+// the launch, as are the table entries it writes (CodecThreadPlan, CodecTablePlan: planned once
+// per CTA, so a page costs no walk over the regions); a dropped region reads a zero pair.
 
 #include "kernels/cuda/codec_block.cuh"
 #include "kernels/cuda/ptx.cuh"
@@ -43,11 +44,26 @@ constexpr int kCodecHistorySmemBytes =
         ? kBf16StageBytes<D> + kCodecStages * kCodecRawBytes<D>
         : 2 * kBf16StageBytes<D>;
 
-// A side's page tables: a region of b bits takes 4^b pairs; a side's regions at most this many
-// (codec::GpuLayoutOk's table budget: a 4-bit region beside 3-bit and narrower ones, as in
-// every P2 recipe), and after them one zero pair for dropped regions.
+// A side's page tables: a region of b bits takes 4^b pairs, and its table starts at a multiple
+// of that after the tables of the regions before it (codec::CodecTablePairs); a side's tables
+// at most this many pairs (codec::GpuLayoutOk's budget: a 4-bit region beside 3-bit and
+// narrower ones, as in every P2 recipe). With the side's tables aligned to their whole size, an
+// entry's address is its table's ORed with its index. Dropped regions read one zero pair.
 constexpr int kCodecTablePairs = 512;
-constexpr int kCodecZeroPair = kCodecTablePairs;
+
+// f(k, bits, first) for each coded region k of a side, in order; `first` is the index of its
+// table's first pair.
+template <typename F>
+__device__ __forceinline__ void ForEachCodecTable(const CodecSideLayout& s, F&& f) {
+  int first = 0;
+  for (int k = 0; k < s.num_regions; ++k) {
+    const int bits = s.bits[k];
+    if (bits == 0) continue;
+    first = codec::AlignedTableFirst(first, bits);
+    f(k, bits, first);
+    first += 1 << (2 * bits);
+  }
+}
 
 // All threads of the CTA: cp.async of the K and V blocks of page `page` of `seg` (sequence b,
 // KV head h) into `raw`. The caller commits the group.
@@ -99,97 +115,142 @@ __device__ __forceinline__ void DecodeCodecPageScaled(const SplitDecodeCudaParam
   }
 }
 
-// What one thread decodes on every page, fixed for the launch: chunk ch (channels 8ch..8ch+7)
-// of rows threadIdx.x / kChunks + 128 / kChunks · j, for each side.
+// What one thread decodes on every page, fixed for the launch: chunk ch = threadIdx.x % (D / 8)
+// (channels 8ch..8ch+7) of rows threadIdx.x / (D / 8) + 128 / (D / 8) · j, for each side.
 struct CodecThreadPlan {
-  int code_offset[2];  // of the chunk's codes in row 0 of the side's block
+  int code_offset[2];  // byte offset, in the side's staged block, of the chunk's codes in row 0
   int row_bytes[2];    // of the chunk's region
-  int bits[2];         // of the chunk's region (0: zeros)
-  int table[2];        // the region's first value in the side's tables
+  int bits[2];         // of the chunk's region (0: dropped, zeros)
+  uint32_t table[2];   // shared address of the region's pair table (dropped: the zero pair)
 };
 
+// The table entries one thread writes on every page: entry threadIdx.x + kThreads · j of each
+// side's tables (each region's table where ForEachCodecTable places it), fixed for the launch.
+constexpr int kCodecTableSlots = kCodecTablePairs / kThreads;
+struct CodecTablePlan {
+  // Offset in the staged page of the entry's region ratio | the index of L[c0] in the flat
+  // levels [5][16] << 14 | that of L[c1] << 21; -1: no entry (a table's alignment gap, or past
+  // the tables).
+  int entry[2][kCodecTableSlots];
+  int row_scale;  // offset in the staged page of the row scale this thread reads
+};
+
+// `tables`: the CTA's [2][kCodecTablePairs] pair tables; `zero_pair`: a zero word.
 template <int D>
-__device__ __forceinline__ CodecThreadPlan PlanCodecThread(const CodecLayerLayout& layout) {
+__device__ __forceinline__ CodecThreadPlan PlanCodecThread(const CodecLayerLayout& layout,
+                                                           const uint32_t (*tables)[kCodecTablePairs],
+                                                           const uint32_t* zero_pair) {
   constexpr int kChunks = D / 8;
   CodecThreadPlan t;
   const int c0 = 8 * (threadIdx.x % kChunks);
 #pragma unroll
   for (int kind = 0; kind < 2; ++kind) {
     const CodecSideLayout& s = layout.side[kind];
-    int start = 0, table = 0;
+    int start = 0, region = -1;
     t.bits[kind] = 0;
     t.code_offset[kind] = t.row_bytes[kind] = 0;
-    t.table[kind] = kCodecZeroPair;
+    t.table[kind] = static_cast<uint32_t>(__cvta_generic_to_shared(zero_pair));
     for (int k = 0; k < s.num_regions; ++k) {
       const int bits = s.bits[k];
       if (c0 >= start && c0 < start + s.channels[k] && bits > 0) {
+        region = k;
         t.bits[kind] = bits;
         t.row_bytes[kind] = s.channels[k] * bits / 8;
         t.code_offset[kind] = s.codes[k] + (c0 - start) / 8 * bits;
-        t.table[kind] = table;
       }
       start += s.channels[k];
-      table += bits > 0 ? 1 << (2 * bits) : 0;
     }
+    ForEachCodecTable(s, [&](int k, int, int first) {
+      if (k == region) {
+        t.table[kind] = static_cast<uint32_t>(__cvta_generic_to_shared(tables[kind] + first));
+      }
+    });
+  }
+  return t;
+}
+
+template <int D>
+__device__ __forceinline__ CodecTablePlan PlanCodecTables(const CodecLayerLayout& layout) {
+  static_assert(kThreads == 2 * kPageTokens, "a thread reads one row scale of one side");
+  CodecTablePlan t;
+  const int side = threadIdx.x / kPageTokens;
+  t.row_scale = side * kCodecSideBytes<D> + layout.side[side].row_scales + threadIdx.x % kPageTokens;
+#pragma unroll
+  for (int kind = 0; kind < 2; ++kind) {
+    const CodecSideLayout& s = layout.side[kind];
+#pragma unroll
+    for (int j = 0; j < kCodecTableSlots; ++j) t.entry[kind][j] = -1;
+    ForEachCodecTable(s, [&](int k, int bits, int first) {
+#pragma unroll
+      for (int j = 0; j < kCodecTableSlots; ++j) {
+        const int e = static_cast<int>(threadIdx.x) + kThreads * j - first;
+        if (e >= 0 && e < 1 << (2 * bits)) {
+          t.entry[kind][j] = (kind * kCodecSideBytes<D> + s.ratios + k) |
+                             (16 * bits + (e & ((1 << bits) - 1))) << 14 |
+                             (16 * bits + (e >> bits)) << 21;
+        }
+      }
+    });
   }
   return t;
 }
 
 // All threads of the CTA, once a page has landed in `raw`: each side's tables (for every coded
 // region and every pair of codes (c0, c1), the fp16 pair ρ_k · L[c0] | ρ_k · L[c1] << 16 at
-// c0 + 2^bits · c1) and its 64 row scales s_t (as LogScaleValue gives them).
+// c0 + 2^bits · c1 in the region's table) and its 64 row scales s_t (as LogScaleValue
+// gives them).
 template <int D>
-__device__ __forceinline__ void BuildCodecTables(const SplitDecodeCudaParams& p, const uint8_t* raw,
+__device__ __forceinline__ void BuildCodecTables(const CodecTablePlan& t, const uint8_t* raw,
                                                  const float (*levels)[16], const float* scales,
-                                                 uint32_t (*tables)[kCodecTablePairs + 1],
+                                                 uint32_t (*tables)[kCodecTablePairs],
                                                  float (*row_scale)[kPageTokens]) {
+  static_assert(2 * kCodecSideBytes<D> < 1 << 14, "a ratio's offset in 14 bits");
+  (&row_scale[0][0])[threadIdx.x] = scales[raw[t.row_scale]];
+  const float* l = &levels[0][0];
 #pragma unroll
   for (int kind = 0; kind < 2; ++kind) {
-    const CodecSideLayout& s = p.codec.side[kind];
-    const uint8_t* block = raw + kind * kCodecSideBytes<D>;
-    if (threadIdx.x < kPageTokens) {
-      row_scale[kind][threadIdx.x] = scales[block[s.row_scales + threadIdx.x]];
-    }
-    int first = 0;
-    for (int k = 0; k < s.num_regions; ++k) {
-      const int bits = s.bits[k];
-      if (bits == 0) continue;
-      const float ratio = scales[block[s.ratios + k]];
-      const float* l = levels[bits];
-      for (int e = threadIdx.x; e < 1 << (2 * bits); e += kThreads) {
-        tables[kind][first + e] = ptx::PackHalf2(ratio * l[e & ((1 << bits) - 1)], ratio * l[e >> bits]);
-      }
-      first += 1 << (2 * bits);
+#pragma unroll
+    for (int j = 0; j < kCodecTableSlots; ++j) {
+      const int e = t.entry[kind][j];
+      if (e < 0) continue;
+      const float ratio = scales[raw[e & 0x3fff]];
+      tables[kind][threadIdx.x + kThreads * j] =
+          ptx::PackHalf2(ratio * l[(e >> 14) & 0x7f], ratio * l[e >> 21]);
     }
   }
 }
 
 // All threads of the CTA: the staged page's rows as fp16 from the page tables (rows past
 // `tokens` are decoded all the same: their codes are a full page's, and their scores masked).
+// A thread's rows step by a multiple of 8, so their swizzle is the first row's; a lookup is a
+// shift, an AND-OR with the table's address and a load.
 template <int D>
 __device__ __forceinline__ void DecodeCodecPageFromTables(const CodecThreadPlan& t,
-                                                          const uint8_t* raw, uint8_t* stage,
-                                                          const uint32_t (*tables)[kCodecTablePairs + 1]) {
+                                                          const uint8_t* raw, uint8_t* stage) {
   constexpr int kChunks = D / 8;
   constexpr int kRowStep = kThreads / kChunks;
-  const int ch = threadIdx.x % kChunks;
+  static_assert(kRowStep % 8 == 0 && kPageTokens % kRowStep == 0, "rows of one swizzle");
+  const int row0 = threadIdx.x / kChunks, ch = threadIdx.x % kChunks;
 #pragma unroll
   for (int kind = 0; kind < 2; ++kind) {
-    const uint8_t* codes = raw + kind * kCodecSideBytes<D> + t.code_offset[kind];
-    const uint32_t* table = tables[kind] + t.table[kind];
-    const int bits = t.bits[kind];
-    const uint32_t mask = (1u << (2 * bits)) - 1;  // a pair of codes; 0: the zero pair
-    uint8_t* rows = stage + kind * (kPageTokens * 2 * D);
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(raw + kind * kCodecSideBytes<D>);
+    const uint32_t table = t.table[kind];
+    const int pair_bits = 2 * t.bits[kind];
+    const uint32_t mask = ((1u << pair_bits) - 1) << 2;  // a pair of codes, in bytes; 0: dropped
+    const int shift = max(pair_bits - 2, 0);
+    uint8_t* rows = stage + kind * (kPageTokens * 2 * D) + SwizzledChunk<D>(row0, ch);
+    const int step = kRowStep * t.row_bytes[kind];
+    int at = t.code_offset[kind] + row0 * t.row_bytes[kind];
 #pragma unroll
-    for (int row = threadIdx.x / kChunks; row < kPageTokens; row += kRowStep) {
-      // The chunk's `bits` bytes, from the aligned words around them (a block's codes are
+    for (int j = 0; j < kPageTokens / kRowStep; ++j, at += step) {
+      // The chunk's `bits` bytes from the aligned words around them (a block's codes are
       // followed by its scales, so the second word is inside the stage).
-      const uintptr_t at = reinterpret_cast<uintptr_t>(codes + row * t.row_bytes[kind]);
-      const uint32_t* word = reinterpret_cast<const uint32_t*>(at & ~uintptr_t{3});
-      const uint32_t w = __funnelshift_r(word[0], word[1], 8 * static_cast<uint32_t>(at & 3));
-      *reinterpret_cast<uint4*>(rows + SwizzledChunk<D>(row, ch)) =
-          make_uint4(table[w & mask], table[(w >> (2 * bits)) & mask],
-                     table[(w >> (4 * bits)) & mask], table[(w >> (6 * bits)) & mask]);
+      const uint32_t w = __funnelshift_r(words[at >> 2], words[(at >> 2) + 1], 8 * (at & 3));
+      *reinterpret_cast<uint4*>(rows + j * kRowStep * 2 * D) =
+          make_uint4(ptx::LdShared32(((w << 2) & mask) | table),
+                     ptx::LdShared32(((w >> shift) & mask) | table),
+                     ptx::LdShared32(((w >> (shift + pair_bits)) & mask) | table),
+                     ptx::LdShared32(((w >> (shift + 2 * pair_bits)) & mask) | table));
     }
   }
 }
@@ -205,7 +266,8 @@ __device__ __forceinline__ void CodecPageRange(const SplitDecodeCudaParams& p,
   static_assert(kThreads % (D / 8) == 0, "a thread decodes the same chunk of every row");
   __shared__ float s_levels[5][16];
   __shared__ float s_scales[256];
-  __shared__ uint32_t s_tables[2][kCodecTablePairs + 1];
+  __shared__ __align__(4 * kCodecTablePairs) uint32_t s_tables[2][kCodecTablePairs];
+  __shared__ uint32_t s_zero_pair;
   __shared__ float s_row_scale[2][kPageTokens];
   uint8_t* stage = smem;
   uint8_t* raw = smem + kBf16StageBytes<D>;
@@ -218,8 +280,10 @@ __device__ __forceinline__ void CodecPageRange(const SplitDecodeCudaParams& p,
     ptx::CpAsyncCommit();
   }
   codec::LoadTables(s_levels, s_scales);
-  if (threadIdx.x < 2) s_tables[threadIdx.x][kCodecZeroPair] = 0u;
-  const CodecThreadPlan plan = PlanCodecThread<D>(p.codec);
+  if (threadIdx.x == 0) s_zero_pair = 0u;
+  const CodecThreadPlan plan = PlanCodecThread<D>(p.codec, s_tables, &s_zero_pair);
+  CodecTablePlan table_plan;
+  if (page_tables) table_plan = PlanCodecTables<D>(p.codec);
   // The first pages are on their way; the queries (and the workspace) are the kernel before's.
   ptx::GridDependencyWait();
   uint32_t bq[D / 16][2], hq[D / 16][2];
@@ -248,9 +312,9 @@ __device__ __forceinline__ void CodecPageRange(const SplitDecodeCudaParams& p,
     const int tokens = page + 1 == npages ? seg.last_page_len[b] : kPageTokens;
     const uint8_t* page_raw = raw + (i % kCodecStages) * kCodecRawBytes<D>;
     if (page_tables) {
-      BuildCodecTables<D>(p, page_raw, s_levels, s_scales, s_tables, s_row_scale);
+      BuildCodecTables<D>(table_plan, page_raw, s_levels, s_scales, s_tables, s_row_scale);
       __syncthreads();  // the tables
-      DecodeCodecPageFromTables<D>(plan, page_raw, stage, s_tables);
+      DecodeCodecPageFromTables<D>(plan, page_raw, stage);
       __syncthreads();  // the rows
       Bf16PageTokens<D, true>(st, stage, warp, lane, tokens, hq, qscale, s_row_scale);
     } else {

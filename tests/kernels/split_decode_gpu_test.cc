@@ -370,13 +370,14 @@ TEST(SplitDecodeGpu, MatchesCpuReference) {
 // The merge writing a GEMM's 16-bit operand rows itself, through a row map, as the engine's
 // decode does with early launches.
 // A codec history (the codec cache format): every region's bits from 4 down to a dropped one,
-// 3-bit codes across byte boundaries, layers of different recipes, against the reference over
-// the same pages decoded by DecodeCodecBlock.
+// regions in falling and in rising bits (their tables aligned apart), 3-bit codes across byte
+// boundaries, layers of different recipes, against the reference over the same pages decoded
+// by DecodeCodecBlock.
 TEST(SplitDecodeGpu, MatchesCpuReferenceWithACodecHistory) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   const std::string specs[2] = {
-      "4x16+3x16+2x32:s8:pr|3x16+2x16+1x32:s8:pr;1=4x64:s8:pr|2x32+1x16+0x16:s8:pr",
-      "3x32+2x96:s8:pr|2x64+1x64:s8:pr;1=4x32+3x32+2x32+1x32:s8:pr|3x16+2x32+1x32+0x48:s8:pr"};
+      "4x16+3x16+2x32:s8:pr|3x16+2x16+1x32:s8:pr;1=4x64:s8:pr|1x16+2x16+3x32:s8:pr",
+      "3x32+2x96:s8:pr|2x64+1x64:s8:pr;1=4x32+3x32+2x32+1x32:s8:pr|0x48+1x32+2x32+3x16:s8:pr"};
   double worst = 0;
   int shapes = 0;
   uint32_t seed = 500;
@@ -450,6 +451,14 @@ TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
   ASSERT_TRUE(ParseHistoryCodec("4x16+4x16+4x16+4x16+4x64:s8:pr|2x128:s8:pr", 128, &codec,
                                 &error))
       << error;
+  p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 8192);
+  EXPECT_FALSE(SplitDecodeTakesCodec(p.codec, 128));
+  // Each table starts at a multiple of its size: 256 + 64 + 64 pairs fit with the 4-bit table
+  // first (at 0, 256, 320), not second (64 pairs at 0, 256 at 256, 64 at 512: 576).
+  ASSERT_TRUE(ParseHistoryCodec("4x32+3x32+3x64:s8:pr|2x128:s8:pr", 128, &codec, &error)) << error;
+  p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 8192);
+  EXPECT_TRUE(SplitDecodeTakesCodec(p.codec, 128));
+  ASSERT_TRUE(ParseHistoryCodec("3x32+4x32+3x64:s8:pr|2x128:s8:pr", 128, &codec, &error)) << error;
   p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 8192);
   EXPECT_FALSE(SplitDecodeTakesCodec(p.codec, 128));
 }
