@@ -12,6 +12,7 @@
 //   kvstrata_bench_attention [--contexts 8192,32768,...] [--batches 1,8,32] [--iters N]
 //                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec]
 //                            [--rounds R] [--int2_steps i,j] [--bf16_steps i,j]
+//                            [--codec_steps i,j]
 //
 // The steps at one point (shape, batch, context) are timed in rotated rounds (--rounds, default
 // 4, rounded up to a multiple of the number of steps): every step runs first, second, ...
@@ -119,9 +120,9 @@ constexpr Step kBf16Steps[] = {
      {.early_launch = true}},
 };
 
-// --int2_steps, --bf16_steps: the steps to run (indices into kInt2Steps, kBf16Steps); empty:
-// all of them.
-std::vector<int> g_int2_steps, g_bf16_steps;
+// --int2_steps, --bf16_steps, --codec_steps: the steps to run (indices into kInt2Steps,
+// kBf16Steps and RunCodec's steps); empty: all of them.
+std::vector<int> g_int2_steps, g_bf16_steps, g_codec_steps;
 bool Chosen(const std::vector<int>& steps, int k) {
   return steps.empty() || std::find(steps.begin(), steps.end(), k) != steps.end();
 }
@@ -505,8 +506,12 @@ void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const 
       {"every value scaled as decoded", {.codec_page_tables = false}},
       {"page tables, row scales on scores and probabilities (default)", {}},
   };
+  std::vector<const Step*> chosen;
   std::vector<SplitDecodePlan> plans;
-  for (const Step& step : steps) {
+  for (int k = 0; k < static_cast<int>(std::size(steps)); ++k) {
+    if (!Chosen(g_codec_steps, k)) continue;
+    const Step& step = steps[k];
+    chosen.push_back(&step);
     plans.push_back(PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
                                     SplitDecodeCtasPerSm(d, PageEncoding::kCodec, step.variant),
                                     PageEncoding::kCodec, step.variant));
@@ -520,7 +525,7 @@ void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const 
         "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, "
         "\"tb_per_s\": %.3f, \"splits\": %d, \"pages_per_split\": %d, \"fused_window\": %s, "
         "%s}\n",
-        s.name, steps[i].name, spec.c_str(), bits, batch, context, us, bytes,
+        s.name, chosen[i]->name, spec.c_str(), bits, batch, context, us, bytes,
         bytes / (us * 1e-6) / 1e12, plans[i].splits, plans[i].pages_per_split,
         plans[i].fused_window ? "true" : "false", TimingFields(times[i]).c_str());
   }
@@ -608,13 +613,15 @@ int main(int argc, char** argv) {
       kvstrata::kernels::g_int2_steps = kvstrata::kernels::ParseList(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--bf16_steps"))
       kvstrata::kernels::g_bf16_steps = kvstrata::kernels::ParseList(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--codec_steps"))
+      kvstrata::kernels::g_codec_steps = kvstrata::kernels::ParseList(argv[i + 1]);
     else {
       std::fprintf(stderr,
                    "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N] "
                    "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec] "
                    "[--codec64 SPEC] [--codec128 SPEC] [--bf16_budget_gb G] "
-                   "[--rounds R] [--int2_steps i,j] [--bf16_steps i,j] (indices of the steps; "
-                   "all by default)\n",
+                   "[--rounds R] [--int2_steps i,j] [--bf16_steps i,j] [--codec_steps i,j] "
+                   "(indices of the steps; all by default)\n",
                    argv[i], argv[0]);
       return 2;
     }

@@ -17,6 +17,10 @@
 #          every step first equally often), and their Nsight Compute counts
 #          (KVSTRATA_INT2_STEPS picks them, KVSTRATA_BF16_STEPS adds BF16 history steps,
 #          KVSTRATA_INT2_NCU=0 leaves Nsight Compute out; extra arguments go to the benchmark).
+# codec:   after kernels: the codec split decode's GPU test, kvstrata_bench_attention's codec
+#          steps beside INT2 (and, with KVSTRATA_CODEC_BEFORE naming a benchmark binary sent by
+#          KVSTRATA_PACK_EXTRA, the same run of that build after it), then Nsight Compute's counts
+#          for the page-table step at batch 1 and 32 / 128K (KVSTRATA_CODEC_NCU=0 leaves them out).
 # attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
 #          BF16, every step of the kernel round side by side) and bench/torch_sdpa_bench.py
 #          (cuDNN and flash on the same shapes), in one call; bench/report.py makes the tables.
@@ -32,7 +36,7 @@
 #          leaves the cluster out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: bench/gpu_session.sh pack|kernels|gemv|int2|attention|stage N|engine|transport}
+step=${1:?usage: bench/gpu_session.sh pack|kernels|gemv|int2|codec|attention|stage N|engine|transport}
 work=/tmp/kvstrata-gpu
 out=${OUT:-bench-out}
 mkdir -p "$out"
@@ -136,6 +140,47 @@ case $step in
     done
     grep -E "^== |Int2HistoryKernel<|gpu__time|inst_executed|issue_active|warps_active|dram__|registers|grid_size" \
       "$out/ncu_int2.txt"
+    ;;
+  codec)
+    source "$work/device/env.sh"
+    status=0
+    kernels_split_decode_gpu_test --gtest_filter='*Codec*' 2>&1 | tee "$out/codec_tests.log" |
+      grep -E "^\[  (PASSED|FAILED)|Failure|split decode" || true
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+    runs=(kvstrata_bench_attention ${KVSTRATA_CODEC_BEFORE:-})
+    for bench in "${runs[@]}"; do
+      "$bench" --formats int2,codec --int2_steps 6 "${@:2}" >"$out/$bench.jsonl" || status=1
+    done
+    python3 - "$out" "${runs[@]}" <<'PY'
+import json, sys
+out, runs = sys.argv[1], sys.argv[2:]
+for bench in runs:
+    rows = [json.loads(l) for l in open(f"{out}/{bench}.jsonl") if l.startswith("{")]
+    int2 = {(r["shape"], r["batch"], r["context"]): r["us_per_layer"]
+            for r in rows if r.get("kernel") == "kvstrata-int2-split"}
+    for r in rows:
+        if r.get("kernel") == "kvstrata-codec-split":
+            k = (r["shape"], r["batch"], r["context"])
+            print(f"{bench}: {k[0]} b{k[1]} {k[2]}: {r['step'][:40]}: {r['us_per_layer']:.1f} us, "
+                  f"{r['us_per_layer'] / int2[k]:.2f}x INT2 ({int2[k]:.1f})")
+PY
+    [[ ${KVSTRATA_CODEC_NCU:-1} == 1 ]] || exit $status
+    command -v ncu >/dev/null || { echo "no ncu on this machine"; exit $status; }
+    metrics=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.per_cycle_active
+    metrics+=,sm__warps_active.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
+    metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,launch__registers_per_thread
+    metrics+=,smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio
+    metrics+=,smsp__average_warp_latency_issue_stalled_barrier.ratio
+    for b in 1 32; do
+      echo "== batch $b, codec page tables" >>"$out/ncu_codec.txt"
+      ncu --clock-control none --kernel-name regex:CodecHistoryKernel --launch-count 1 \
+        --metrics "$metrics" kvstrata_bench_attention --formats codec --codec_steps 1 \
+        --shapes qwen3-8b --batches "$b" --contexts 131072 --iters 2 --rounds 1 \
+        >>"$out/ncu_codec.txt" 2>&1
+    done
+    grep -E "^== |gpu__time|inst_executed|issue_active|warps_active|dram__|bank|stalled|registers" \
+      "$out/ncu_codec.txt"
+    exit $status
     ;;
   stage)
     part=${2:?usage: bench/gpu_session.sh stage N}
