@@ -146,10 +146,14 @@ struct PhaseReport {
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
 };
 
+// How late a stream's read callback may run after its message arrived (see Violation).
+constexpr absl::Duration kReadCallbackAllowance = absl::Milliseconds(500);
+
 // Checks one ended stream against the API: the status is one the API documents for what the
 // stream asked and what the phase did, an OK stream ends with a final message with a finish
 // reason and usage, a stream that failed after output got a final ERROR message, and a final
-// DEADLINE message arrived before the deadline.
+// DEADLINE message arrived before the deadline (its read callback ran within
+// kReadCallbackAllowance of it).
 std::string Violation(const Stream& s, bool faults, bool router_lost) {
   const grpc::StatusCode code = s.status().error_code();
   if (s.status().ok()) {
@@ -159,7 +163,12 @@ std::string Violation(const Stream& s, bool faults, bool router_lost) {
     if (s.finish() == v1::FINISH_REASON_ABORT && s.kind() != Kind::kAbort) {
       return "ABORT for a request nobody aborted";
     }
-    if (s.finish() == v1::FINISH_REASON_DEADLINE && s.final_at() > s.deadline()) {
+    // The final message is stamped when its read callback runs, which 1000 streams on two
+    // (sanitized) cores delay by milliseconds; the OK status already says gRPC had it before
+    // the deadline (the server sends it 30-80 ms early). A late stamp past that allowance
+    // would mean the reads themselves stall.
+    if (s.finish() == v1::FINISH_REASON_DEADLINE &&
+        s.final_at() > s.deadline() + kReadCallbackAllowance) {
       return absl::StrCat("DEADLINE message ", absl::FormatDuration(s.final_at() - s.deadline()),
                           " after the deadline");
     }
