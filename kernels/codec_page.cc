@@ -68,8 +68,8 @@ std::string CodecRecipeUnservable(const SideRecipe& r, int head_dim) {
   }
   if (r.scale_bits != 8 || !r.page_ratios) return "a served recipe needs 8-bit page ratios (s8:pr)";
   if (r.level_multiplier != 1.0f || r.logit_bias != 0.0f || r.boost_rows > 0 ||
-      r.least_squares_scale || r.norm_preserving) {
-    return "the options a, jb, t, ls and np are for evaluation only";
+      r.least_squares_scale || r.norm_preserving || r.uniform_levels) {
+    return "the options a, jb, t, ls, np and u are for evaluation only";
   }
   if (r.regions.size() > static_cast<size_t>(kMaxCodecRegions)) {
     return "at most " + std::to_string(kMaxCodecRegions) + " regions";

@@ -22,8 +22,6 @@ constexpr float kLloydMax4[16] = {-2.7326f, -2.0690f, -1.6181f, -1.2562f, -0.942
                                   -0.3881f, -0.1284f, 0.1284f,  0.3881f,  0.6568f,  0.9423f,
                                   1.2562f,  1.6181f,  2.0690f,  2.7326f};
 
-bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
-
 bool ParseInt(const std::string& s, int* out) {
   if (s.empty() || s.size() > 6) return false;
   for (char ch : s) {
@@ -97,6 +95,8 @@ bool ParseSide(const std::string& spec, int head_dim, SideRecipe* r, std::string
         *error = "bad boosted-row count \"" + o + "\" in \"" + spec + "\" (t1..t63)";
         return false;
       }
+    } else if (o == "u") {
+      r->uniform_levels = true;
     } else if (o.size() > 1 && o[0] == 'a') {
       char* end = nullptr;
       r->level_multiplier = std::strtof(o.c_str() + 1, &end);
@@ -106,7 +106,7 @@ bool ParseSide(const std::string& spec, int head_dim, SideRecipe* r, std::string
       }
     } else {
       *error = "unknown option \"" + o + "\" in \"" + spec +
-               "\" (s8, eig, ls, np, pr, aFLOAT, jb[FLOAT], tN)";
+               "\" (s8, eig, ls, np, pr, u, aFLOAT, jb[FLOAT], tN)";
       return false;
     }
   }
@@ -182,7 +182,7 @@ float QuantizeRegion(const float* z, int n, const SideRecipe& r, int bits, float
     std::fill(y, y + n, 0.0f);
     return 0.0f;
   }
-  const float* levels = GaussianLloydMaxCentroids(bits);
+  const float* levels = RecipeLevels(r, bits);
   const int count = 1 << bits;
   double sq = 0.0;
   for (int i = 0; i < n; ++i) sq += double{z[i]} * z[i];
@@ -327,15 +327,12 @@ float LogScaleValue(uint8_t code) {
   return values[code];
 }
 
-double LloydMaxDistortion(int bits, float level_multiplier) {
-  if (bits <= 0) return 1.0;
-  const float* levels = GaussianLloydMaxCentroids(bits);
-  const int count = 1 << bits;
+double GaussianDistortion(const float* levels, int count, double level_multiplier) {
   // Σ over cells [u, v) of ∫ (x - m)² φ(x) dx = I2 - 2m·I1 + m²·I0, with the Gaussian's
   // partial moments I0 = Φ(v) - Φ(u), I1 = φ(u) - φ(v), I2 = I0 - (v·φ(v) - u·φ(u)).
   double sum = 0.0;
   for (int c = 0; c < count; ++c) {
-    const double m = double{level_multiplier} * levels[c];
+    const double m = level_multiplier * levels[c];
     const double u = c == 0 ? -40.0 : 0.5 * level_multiplier * (levels[c - 1] + levels[c]);
     const double v = c + 1 == count ? 40.0 : 0.5 * level_multiplier * (levels[c] + levels[c + 1]);
     const double i0 = NormalCdf(v) - NormalCdf(u);
@@ -345,6 +342,65 @@ double LloydMaxDistortion(int bits, float level_multiplier) {
   }
   return sum;
 }
+
+double LloydMaxDistortion(int bits, float level_multiplier) {
+  if (bits <= 0) return 1.0;
+  return GaussianDistortion(GaussianLloydMaxCentroids(bits), 1 << bits, level_multiplier);
+}
+
+namespace {
+
+struct UniformLevels {
+  double step[5] = {};
+  float levels[5][16] = {};
+};
+
+// The steps by golden-section search on the distortion (unimodal in the step), once.
+const UniformLevels& Uniform() {
+  static const UniformLevels* u = [] {
+    auto* t = new UniformLevels;
+    for (int bits = 1; bits <= 4; ++bits) {
+      const int count = 1 << bits;
+      std::vector<float> unit(count);
+      for (int i = 0; i < count; ++i) unit[i] = static_cast<float>(i - 0.5 * (count - 1));
+      const auto cost = [&](double step) { return GaussianDistortion(unit.data(), count, step); };
+      const double g = 0.5 * (std::sqrt(5.0) - 1.0);
+      double lo = 0.01, hi = 2.0;
+      double a = hi - g * (hi - lo), b = lo + g * (hi - lo), fa = cost(a), fb = cost(b);
+      for (int it = 0; it < 80; ++it) {
+        if (fa < fb) {
+          hi = b, b = a, fb = fa, a = hi - g * (hi - lo), fa = cost(a);
+        } else {
+          lo = a, a = b, fa = fb, b = lo + g * (hi - lo), fb = cost(b);
+        }
+      }
+      t->step[bits] = 0.5 * (lo + hi);
+      for (int i = 0; i < count; ++i) t->levels[bits][i] = static_cast<float>(t->step[bits] * unit[i]);
+    }
+    return t;
+  }();
+  return *u;
+}
+
+}  // namespace
+
+const float* GaussianUniformLevels(int bits) { return Uniform().levels[std::clamp(bits, 1, 4)]; }
+
+double GaussianUniformStep(int bits) { return Uniform().step[std::clamp(bits, 1, 4)]; }
+
+const float* RecipeLevels(const SideRecipe& r, int bits) {
+  return r.uniform_levels ? GaussianUniformLevels(bits) : GaussianLloydMaxCentroids(bits);
+}
+
+namespace {
+
+// The expected squared error per coordinate of recipe r's quantiser at `bits` (1 when dropped).
+double RecipeDistortion(const SideRecipe& r, int bits) {
+  if (bits <= 0) return 1.0;
+  return GaussianDistortion(RecipeLevels(r, bits), 1 << bits, r.level_multiplier);
+}
+
+}  // namespace
 
 void CodecBiasFeatures(const SideRecipe& r, int d, const float* q, int rows, float sm_scale,
                        float* f) {
@@ -436,7 +492,7 @@ void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideR
   const bool bias = bias_coef != nullptr && r.logit_bias != 0.0f;
   std::vector<double> distortion(nr, 0.0);
   for (size_t k = 0; bias && k < nr; ++k) {
-    distortion[k] = LloydMaxDistortion(r.regions[k].bits, r.level_multiplier);
+    distortion[k] = RecipeDistortion(r, r.regions[k].bits);
   }
   // Codes one row, every coded region at `extra` more bits (at most 4).
   const auto code_row = [&](int64_t row, int extra) {
@@ -452,7 +508,7 @@ void FakeQuantSide(const float* x, int64_t n, int d, int group_size, const SideR
         // The decoder knows the scale and the bits, so it knows this much error to expect
         // (a dropped region stores no scale: no term).
         const double dist =
-            bits == reg.bits ? distortion[k] : LloydMaxDistortion(bits, r.level_multiplier);
+            bits == reg.bits ? distortion[k] : RecipeDistortion(r, bits);
         bias_coef[row * kCodecBiasTerms + k] =
             static_cast<float>(0.5 * r.logit_bias * dist * double{scale} * scale);
       }

@@ -31,6 +31,10 @@
 //               page: region scale = row scale · ratio. Replaces the per-region scales; np and
 //               ls do not apply)
 //             | "a" FLOAT (level multiplier: the levels are a·scale·L[i])
+//             | "u" (uniform levels: L[i] = Δ_bits·(i − (2^bits − 1)/2), Δ_bits the step of
+//               least squared error on a unit Gaussian; a kernel decodes such a code with
+//               integer bit tricks and one multiply-add, as it does INT2's, where
+//               Lloyd-Max's levels need a lookup)
 //             | "t" N (per page of 64 rows, the N rows whose error costs most — error
 //               energy weighted by 4^bits per region — are coded again with one more bit in
 //               every coded region below 4; costs those bits and the rows' positions)
@@ -68,6 +72,7 @@ struct SideRecipe {
   bool norm_preserving = false;
   bool page_ratios = false;
   float level_multiplier = 1.0f;
+  bool uniform_levels = false;  // u
   float logit_bias = 0.0f;  // jb: the multiplier of the key-error logit term (0: off)
   int boost_rows = 0;       // tN: rows per page coded with one more bit
 };
@@ -98,6 +103,13 @@ std::vector<float> CodecEigenbasis(int d, const std::vector<CodecRegion>& region
 
 // The 2^bits Gaussian Lloyd-Max centroids (unit variance), ascending; bits 1..4.
 const float* GaussianLloydMaxCentroids(int bits);
+// The 2^bits evenly spaced levels of least squared error on a unit Gaussian, ascending;
+// bits 1..4 (bits 1: the Lloyd-Max pair).
+const float* GaussianUniformLevels(int bits);
+// The step of GaussianUniformLevels(bits).
+double GaussianUniformStep(int bits);
+// The levels a recipe codes with: uniform (u) or Lloyd-Max.
+const float* RecipeLevels(const SideRecipe& r, int bits);
 
 // Quantises and reconstructs rows x [n][d] (rotated space) with recipe r, into y [n][d].
 // clip_ratio is used by the int2 recipes, seed by turbo3. x and y may not alias. With
@@ -112,6 +124,8 @@ inline constexpr int kCodecBiasTerms = 8;
 // The expected squared error per coordinate of the Lloyd-Max quantiser of `bits` (0..4) with
 // levels a·L[i] on unit-variance Gaussian data (1 for bits 0: the region is dropped).
 double LloydMaxDistortion(int bits, float level_multiplier);
+// The same for any ascending levels [count] (nearest-level coding).
+double GaussianDistortion(const float* levels, int count, double level_multiplier);
 // f [rows][kCodecBiasTerms] of query rows q [rows][d] (rotated space) for recipe r; zeros when
 // r has no jb term.
 void CodecBiasFeatures(const SideRecipe& r, int d, const float* q, int rows, float sm_scale,

@@ -144,6 +144,8 @@ TEST(CodecPage, ExplainsWhatCannotServe) {
   EXPECT_NE(CodecRecipeUnservable(Recipe("3x32+2x32:s8"), 64).find("s8:pr"), std::string::npos);
   EXPECT_NE(CodecRecipeUnservable(Recipe("3x32+2x32:eig:s8:pr:a1.2"), 64).find("evaluation"),
             std::string::npos);
+  EXPECT_NE(CodecRecipeUnservable(Recipe("3x32+2x32:eig:s8:pr:u"), 64).find("evaluation"),
+            std::string::npos);
   EXPECT_NE(CodecRecipeUnservable(Recipe("3x36+2x28:s8:pr"), 64).find("whole bytes"),
             std::string::npos);
   EXPECT_EQ(CodecRecipeUnservable(Recipe("3x32+2x32:eig:s8:pr"), 64), "");

@@ -189,6 +189,45 @@ TEST(HistoryCodec, EigenbasisQuantisesInTheBasisOfU) {
   }
 }
 
+TEST(HistoryCodec, UniformLevelsAreMaxsOptimalUniformQuantisers) {
+  // Max (1960), table of the optimum uniform quantiser for a unit Gaussian: step and error.
+  const double step[5] = {0, 1.5958, 0.9957, 0.5860, 0.3352};
+  const double error[5] = {0, 0.3634, 0.1188, 0.03744, 0.01154};
+  const int n = 512, d = 64;
+  const std::vector<float> x = GaussianRows(n, d, 17);
+  for (int bits = 1; bits <= 4; ++bits) {
+    EXPECT_NEAR(GaussianUniformStep(bits), step[bits], 1e-3) << bits;
+    const float* levels = GaussianUniformLevels(bits);
+    for (int i = 1; i < (1 << bits); ++i) {
+      EXPECT_NEAR(levels[i] - levels[i - 1], GaussianUniformStep(bits), 1e-6) << bits;
+    }
+    EXPECT_NEAR(levels[0], -levels[(1 << bits) - 1], 1e-6) << bits;
+    EXPECT_NEAR(GaussianDistortion(levels, 1 << bits, 1.0), error[bits], 2e-4) << bits;
+    // ... and what the codec does with them: its error, and every value a level times the
+    // row's one scale (fp16 RMS here).
+    const std::string side = std::to_string(bits) + "x64:u";
+    HistoryCodec c = Parse(side + "|" + side);
+    ASSERT_TRUE(c.all.side[0].uniform_levels);
+    EXPECT_EQ(RecipeLevels(c.all.side[0], bits), levels);
+    std::vector<float> y(x.size());
+    FakeQuantSide(x.data(), n, d, 64, c.all.side[0], 1.0f, 0, y.data());
+    EXPECT_NEAR(RelMse(x, y), error[bits], 0.1 * error[bits]) << bits;
+    for (int t = 0; t < 4; ++t) {
+      double sq = 0;
+      for (int i = 0; i < d; ++i) sq += double{x[t * d + i]} * x[t * d + i];
+      const float s = RoundToFp16(static_cast<float>(std::sqrt(sq / d)));
+      for (int i = 0; i < d; ++i) {
+        const double k = y[t * d + i] / (s * GaussianUniformStep(bits)) + 0.5 * ((1 << bits) - 1);
+        EXPECT_NEAR(k, std::round(k), 1e-3) << bits << " " << t << " " << i;
+      }
+    }
+  }
+  std::string error_text;
+  HistoryCodec bad;
+  EXPECT_FALSE(ParseHistoryCodec("2x64:uu|2x64", 64, &bad, &error_text));
+  EXPECT_NE(error_text.find("uu"), std::string::npos) << error_text;
+}
+
 TEST(HistoryCodec, PageRatiosShareOneScalePerRow) {
   // Bits: the 8-bit row scale, plus one 8-bit ratio per region per page of 64 tokens.
   EXPECT_DOUBLE_EQ(SideRecipeBits(Parse("4x16+3x16+2x32:s8:pr|bf16").all.side[0], 64, 64),
