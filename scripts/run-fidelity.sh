@@ -3,7 +3,8 @@
 # committed default under rotations/ and the ablations under the cache folder), evaluates every
 # KV format at 1K-8K context, and plots the result. About 15 min of calibration and 30-40 min of
 # evaluation on 2 CPU cores, plus about 1 h for round 2 and 1 h for its calibration-chosen
-# boosts (docs/fidelity.md), and about 2.5 h for round 3 (docs/fidelity.md, "Round 3").
+# boosts (docs/fidelity.md), about 2.5 h for round 3 (docs/fidelity.md, "Round 3") and about
+# 25 min for round 5.
 #   scripts/run-fidelity.sh [OUT_DIR]      (default: docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -182,6 +183,19 @@ cp "$r/SmolLM2-135M-Instruct.P2v4.safetensors" rotations/
   --formats "P2v4-pages=codec-pages:rotations/SmolLM2-135M-Instruct.P2v4.safetensors" \
   --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round4.json" \
   > "$out/fidelity2/round4.txt"
+# Round 5: P2v4 with uniform levels (u after every pr), paired with turbo3 and P2v4.
+spec=$(python3 - rotations/SmolLM2-135M-Instruct.P2v4.safetensors <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+print(header["__metadata__"]["history_codec"].replace(":pr", ":pr:u"))
+PY
+)
+"$kv" eval --rotations "$rot" \
+  --formats "turbo3,P2v4=codec:@rotations/SmolLM2-135M-Instruct.P2v4.safetensors,P2v4u=codec:$spec@$rot" \
+  --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round5u.json" \
+  > "$out/fidelity2/round5u.txt"
+python3 scripts/fidelity_ci.py --vs turbo3,P2v4 "$out/fidelity2/round5u.json" > "$out/fidelity2/round5u.md"
 python3 scripts/fidelity_ci.py --vs turbo3,P2v4 --only turbo3,P2v4,P2v4-pages \
   "$out"/fidelity2/round3-*.json "$out/fidelity2/round3b.json" "$out/fidelity2/round4.json" \
   > "$out/fidelity2/round4.md"
