@@ -125,10 +125,8 @@ CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecip
   return out;
 }
 
-void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,
-                      uint8_t* block) {
-  const CodecBlockLayout l = CodecBlockLayoutFor(r, page_tokens);
-  std::memset(block, 0, static_cast<size_t>(l.bytes));
+void CodecPageScales(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,
+                     uint8_t* row_scales, uint8_t* ratios) {
   const size_t nr = r.regions.size();
   // Row scales and page ratios, as FakeQuantSide computes them for `pr` recipes.
   double energy[kMaxCodecRegions] = {};
@@ -145,12 +143,19 @@ void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const Si
       c0 += r.regions[k].channels;
     }
     total += row_sq / head_dim;
-    block[l.row_scales + t] = LogScaleCode(static_cast<float>(std::sqrt(row_sq / head_dim)));
+    row_scales[t] = LogScaleCode(static_cast<float>(std::sqrt(row_sq / head_dim)));
   }
   for (size_t k = 0; k < nr; ++k) {
-    block[l.ratios + k] =
-        total > 0.0 ? LogScaleCode(static_cast<float>(std::sqrt(energy[k] / total))) : 0;
+    ratios[k] = total > 0.0 ? LogScaleCode(static_cast<float>(std::sqrt(energy[k] / total))) : 0;
   }
+}
+
+void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,
+                      uint8_t* block) {
+  const CodecBlockLayout l = CodecBlockLayoutFor(r, page_tokens);
+  std::memset(block, 0, static_cast<size_t>(l.bytes));
+  const size_t nr = r.regions.size();
+  CodecPageScales(rows, page_tokens, head_dim, r, block + l.row_scales, block + l.ratios);
   // Codes: the nearest level, found by counting the midpoints below the value.
   int c0 = 0;
   for (size_t k = 0; k < nr; ++k) {

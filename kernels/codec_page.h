@@ -52,6 +52,11 @@ CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecip
 // The scale of region k of row t: max(s_t·ρ_k, 1e-30) from their stored codes.
 float CodecRegionScale(uint8_t row_scale_code, uint8_t ratio_code);
 
+// The row-scale codes [page_tokens] and region-ratio codes [regions] of a full page of rows
+// [page_tokens][head_dim] (as FakeQuantSide computes them for `pr` recipes).
+void CodecPageScales(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,
+                     uint8_t* row_scales, uint8_t* ratios);
+
 // Encodes a full page of rows [page_tokens][head_dim], in the codec's basis, into `block`
 // (CodecBlockLayoutFor(r, page_tokens).bytes bytes, padding included).
 void EncodeCodecBlock(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,

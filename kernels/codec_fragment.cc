@@ -1,0 +1,164 @@
+#include "kernels/codec_fragment.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvstrata::kernels {
+
+namespace {
+
+int64_t RoundUp16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// The bits of each step (16 channels) of a recipe whose regions are whole steps.
+template <typename F>
+void ForEachStep(const SideRecipe& r, F&& f) {
+  int step = 0;
+  for (size_t k = 0; k < r.regions.size(); ++k) {
+    for (int i = 0; i < r.regions[k].channels / kCodecFragmentStep; ++i) {
+      f(step++, static_cast<int>(k), r.regions[k].bits);
+    }
+  }
+}
+
+}  // namespace
+
+int CodecFragmentParts(int bits, CodecFragmentPart* parts) {
+  switch (bits) {
+    case 1:
+    case 2:
+    case 4:
+      parts[0] = {bits, 0};
+      return 1;
+    case 3:
+      parts[0] = {2, 0};
+      parts[1] = {1, 2};
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+int64_t CodecFragmentFieldBit(int kind, int width, int token, int channel) {
+  int lane, group, second, elem;
+  if (kind == 0) {  // a group is a token row; pairs run along channels
+    const int g = token % 8, r = token / 8;
+    second = channel / 8;
+    const int c = channel % 8;
+    lane = 4 * g + c / 2;
+    elem = c % 2;
+    group = r;
+  } else {  // a group is a channel row over one k-step of 16 tokens; pairs run along tokens
+    const int g = channel % 8, h = channel / 8;
+    const int i = token / 16, tt = token % 16;
+    second = tt / 8;
+    const int c = tt % 8;
+    lane = 4 * g + c / 2;
+    elem = c % 2;
+    group = 2 * i + h;
+  }
+  const int per_word = 8 / width;
+  const int word = lane * width + group / per_word;
+  return int64_t{word} * 32 + 16 * elem + 2 * width * (group % per_word) + width * second;
+}
+
+std::string CodecFragmentRecipeUnservable(const SideRecipe& r, int head_dim) {
+  if (r.kind == SideRecipe::Kind::kRegions && !r.uniform_levels) {
+    return "a fragment block codes uniform levels (u)";
+  }
+  SideRecipe lloyd_max = r;
+  lloyd_max.uniform_levels = false;
+  const std::string why = CodecRecipeUnservable(lloyd_max, head_dim);
+  if (!why.empty()) return why;
+  for (const CodecRegion& reg : r.regions) {
+    if (reg.channels % kCodecFragmentStep != 0) {
+      return "region " + std::to_string(reg.bits) + "x" + std::to_string(reg.channels) +
+             " is not whole steps of 16 channels";
+    }
+  }
+  return "";
+}
+
+CodecBlockLayout CodecFragmentBlockLayoutFor(const SideRecipe& r) {
+  CodecBlockLayout l;
+  int64_t at = 0;
+  for (size_t k = 0; k < r.regions.size(); ++k) {
+    const CodecRegion& reg = r.regions[k];
+    if (reg.bits == 0) continue;
+    l.region_codes[k] = at;
+    l.region_row_bytes[k] = int64_t{reg.channels} * reg.bits / 8;
+    at += l.region_row_bytes[k] * kCodecFragmentTokens;  // 128·bits per step: stays 16-aligned
+  }
+  l.row_scales = at;
+  l.ratios = l.row_scales + kCodecFragmentTokens;
+  l.bytes = RoundUp16(l.ratios + static_cast<int64_t>(r.regions.size()));
+  return l;
+}
+
+void EncodeCodecFragmentBlock(const float* rows, int head_dim, const SideRecipe& r, int kind,
+                              uint8_t* block) {
+  const CodecBlockLayout l = CodecFragmentBlockLayoutFor(r);
+  std::memset(block, 0, static_cast<size_t>(l.bytes));
+  CodecPageScales(rows, kCodecFragmentTokens, head_dim, r, block + l.row_scales,
+                  block + l.ratios);
+  int64_t at = 0;  // the step's first byte
+  ForEachStep(r, [&](int step, int k, int bits) {
+    if (bits == 0) return;
+    const float* levels = RecipeLevels(r, bits);
+    const int count = 1 << bits;
+    CodecFragmentPart parts[2];
+    const int num_parts = CodecFragmentParts(bits, parts);
+    for (int t = 0; t < kCodecFragmentTokens; ++t) {
+      const float s = CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]);
+      for (int c = 0; c < kCodecFragmentStep; ++c) {
+        const float x = rows[int64_t{t} * head_dim + kCodecFragmentStep * step + c];
+        // The nearest level, found by counting the midpoints below the value.
+        int code = 0;
+        while (code + 1 < count && x > 0.5f * s * (levels[code] + levels[code + 1])) ++code;
+        int64_t part_at = at;
+        for (int p = 0; p < num_parts; ++p) {
+          const int64_t bit = CodecFragmentFieldBit(kind, parts[p].width, t, c);
+          const uint32_t field = (code >> parts[p].shift) & ((1u << parts[p].width) - 1);
+          // A field never crosses a byte: width divides its position's offset in the byte.
+          block[part_at + bit / 8] |= static_cast<uint8_t>(field << (bit % 8));
+          part_at += 128 * parts[p].width;
+        }
+      }
+    }
+    at += 128 * bits;
+  });
+}
+
+void DecodeCodecFragmentBlock(const uint8_t* block, int num_tokens, int head_dim,
+                              const SideRecipe& r, int kind, float* rows) {
+  const CodecBlockLayout l = CodecFragmentBlockLayoutFor(r);
+  int64_t at = 0;
+  ForEachStep(r, [&](int step, int k, int bits) {
+    float* y = rows + kCodecFragmentStep * step;
+    if (bits == 0) {
+      for (int t = 0; t < num_tokens; ++t) {
+        std::fill(y + int64_t{t} * head_dim, y + int64_t{t} * head_dim + kCodecFragmentStep, 0.0f);
+      }
+      return;
+    }
+    const float* levels = RecipeLevels(r, bits);
+    CodecFragmentPart parts[2];
+    const int num_parts = CodecFragmentParts(bits, parts);
+    for (int t = 0; t < num_tokens; ++t) {
+      const float s = CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]);
+      for (int c = 0; c < kCodecFragmentStep; ++c) {
+        int code = 0;
+        int64_t part_at = at;
+        for (int p = 0; p < num_parts; ++p) {
+          const int64_t bit = CodecFragmentFieldBit(kind, parts[p].width, t, c);
+          const int field = (block[part_at + bit / 8] >> (bit % 8)) & ((1 << parts[p].width) - 1);
+          code |= field << parts[p].shift;
+          part_at += 128 * parts[p].width;
+        }
+        y[int64_t{t} * head_dim + c] = s * levels[code];
+      }
+    }
+    at += 128 * bits;
+  });
+}
+
+}  // namespace kvstrata::kernels
