@@ -7,10 +7,11 @@
 // The same split decode also runs over the BF16 cache format (every page BF16) beside it, and
 // each step of the kernel round runs side by side (kInt2Steps, kBf16Steps), for Qwen3-8B's
 // shape and the default model's (head_dim 64, 9 query / 3 KV heads). --formats codec adds the
-// codec format's history (--codec64 / --codec128: its recipes, every layer) at about INT2's bits.
+// codec format's history (--codec64 / --codec128: its recipes, every layer) at about INT2's bits,
+// --formats fragment the same recipes with uniform levels in codec fragment blocks.
 //
 //   kvstrata_bench_attention [--contexts 8192,32768,...] [--batches 1,8,32] [--iters N]
-//                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec]
+//                            [--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec,fragment]
 //                            [--rounds R] [--int2_steps i,j] [--bf16_steps i,j]
 //                            [--codec_steps i,j]
 //
@@ -31,6 +32,7 @@
 
 #include "bench/copy_bandwidth.h"
 #include "kernels/bits.h"
+#include "kernels/codec_fragment.h"
 #include "kernels/codec_page.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/split_decode.h"
@@ -276,7 +278,8 @@ struct Cache {
 // codec_page_bytes > 0: a history of codec pages of that size (their bytes random: every byte
 // is a valid code or scale code).
 Cache MakeCache(const Shape& s, int layers, int batch, int context, bool bf16_history,
-                int64_t codec_page_bytes = 0) {
+                int64_t codec_page_bytes = 0,
+                PageEncoding codec_encoding = PageEncoding::kCodec) {
   Cache c;
   const KvGeometry g{layers, s.kv_heads, s.head_dim, s.head_dim, 64};
   const SplitLayout layout;
@@ -284,7 +287,7 @@ Cache MakeCache(const Shape& s, int layers, int batch, int context, bool bf16_hi
   c.history_pages = static_cast<int>(c.seg.history / 64);
   c.recent_pages = static_cast<int>((c.seg.recent + 63) / 64);
   const bool codec = codec_page_bytes > 0;
-  const PageEncoding history_encoding = codec          ? PageEncoding::kCodec
+  const PageEncoding history_encoding = codec          ? codec_encoding
                                         : bf16_history ? PageEncoding::kBf16
                                                        : PageEncoding::kInt2Uniform;
   const int64_t history_stride = codec ? codec_page_bytes : PageBytes(g, history_encoding);
@@ -473,25 +476,38 @@ void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
 }
 
 // The codec format's history (every layer under the recipes of `spec`) through the same split
-// decode, beside INT2 at about the same bits: the codec's price in decode speed.
-void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const std::string& spec) {
+// decode, beside INT2 at about the same bits: the codec's price in decode speed. fragment: the
+// same recipes with uniform levels in codec fragment blocks (kernels/codec_fragment.h).
+void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const std::string& spec,
+              bool fragment = false) {
   HistoryCodec codec;
   std::string error;
   if (!ParseHistoryCodec(spec, s.head_dim, &codec, &error)) {
     std::fprintf(stderr, "--codec: %s\n", error.c_str());
     std::exit(2);
   }
+  const PageEncoding encoding = fragment ? PageEncoding::kCodecFragment : PageEncoding::kCodec;
   int64_t at = kPageHeaderBytes;
   g_codec_layouts.clear();
   for (int l = 0; l < s.layers; ++l) {
-    const int64_t kb = CodecBlockLayoutFor(codec.Side(l, 0), 64).bytes;
-    const int64_t vb = CodecBlockLayoutFor(codec.Side(l, 1), 64).bytes;
-    g_codec_layouts.push_back(
-        CodecLayerLayoutFor(codec.Side(l, 0), codec.Side(l, 1), 64, at, at + s.kv_heads * kb));
+    const SideRecipe& kr = codec.Side(l, 0);
+    const SideRecipe& vr = codec.Side(l, 1);
+    const int64_t kb = fragment ? CodecFragmentBlockLayoutFor(kr).bytes
+                                : CodecBlockLayoutFor(kr, 64).bytes;
+    const int64_t vb = fragment ? CodecFragmentBlockLayoutFor(vr).bytes
+                                : CodecBlockLayoutFor(vr, 64).bytes;
+    g_codec_layouts.push_back(fragment
+                                  ? CodecFragmentLayerLayoutFor(kr, vr, at, at + s.kv_heads * kb)
+                                  : CodecLayerLayoutFor(kr, vr, 64, at, at + s.kv_heads * kb));
     at += s.kv_heads * (kb + vb);
   }
+  if (fragment && !SplitDecodeTakesCodecFragment(g_codec_layouts[0], s.head_dim)) {
+    std::fprintf(stderr, "--codec: %s is not a codec fragment recipe for head_dim %d\n",
+                 spec.c_str(), s.head_dim);
+    std::exit(2);
+  }
   const int64_t page_bytes = (at + 63) / 64 * 64;
-  Cache c = MakeCache(s, s.layers, batch, context, /*bf16_history=*/false, page_bytes);
+  Cache c = MakeCache(s, s.layers, batch, context, /*bf16_history=*/false, page_bytes, encoding);
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
   const int d = s.head_dim;
@@ -502,30 +518,34 @@ void RunCodec(const Shape& s, int batch, int context, int iters, int sms, const 
       static_cast<double>(batch) * (c.seg.sink + c.seg.recent) * 2 * s.kv_heads * d * 2;
   const double bytes = hist_bytes + window_bytes + static_cast<double>(batch) * s.q_heads * d * 2;
   const double bits = block_bytes * 8 / (2.0 * 64 * d);
-  const Step steps[] = {
+  const Step codec_steps[] = {
       {"every value scaled as decoded", {.codec_page_tables = false}},
       {"page tables, row scales on scores and probabilities (default)", {}},
   };
+  const Step fragment_steps[] = {{"fragment blocks decoded in registers", {}}};
+  const Step* steps = fragment ? fragment_steps : codec_steps;
+  const int num_steps = fragment ? 1 : 2;
   std::vector<const Step*> chosen;
   std::vector<SplitDecodePlan> plans;
-  for (int k = 0; k < static_cast<int>(std::size(steps)); ++k) {
-    if (!Chosen(g_codec_steps, k)) continue;
+  for (int k = 0; k < num_steps; ++k) {
+    if (!fragment && !Chosen(g_codec_steps, k)) continue;
     const Step& step = steps[k];
     chosen.push_back(&step);
     plans.push_back(PlanSplitDecode(batch, s.kv_heads, d, c.history_pages, 1 + c.recent_pages, sms,
-                                    SplitDecodeCtasPerSm(d, PageEncoding::kCodec, step.variant),
-                                    PageEncoding::kCodec, step.variant));
+                                    SplitDecodeCtasPerSm(d, encoding, step.variant), encoding,
+                                    step.variant));
   }
   const std::vector<Timing> times = TimeStepsRotated(c.p, plans, s.layers, iters, stream);
   for (size_t i = 0; i < plans.size(); ++i) {
     const double us = times[i].median_us;
     std::printf(
-        "{\"kernel\": \"kvstrata-codec-split\", \"shape\": \"%s\", \"step\": \"%s\", "
+        "{\"kernel\": \"%s\", \"shape\": \"%s\", \"step\": \"%s\", "
         "\"codec\": \"%s\", \"history_bits_per_element\": %.3f, \"batch\": %d, "
         "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, "
         "\"tb_per_s\": %.3f, \"splits\": %d, \"pages_per_split\": %d, \"fused_window\": %s, "
         "%s}\n",
-        s.name, chosen[i]->name, spec.c_str(), bits, batch, context, us, bytes,
+        fragment ? "kvstrata-codec-fragment-split" : "kvstrata-codec-split", s.name,
+        chosen[i]->name, spec.c_str(), bits, batch, context, us, bytes,
         bytes / (us * 1e-6) / 1e12, plans[i].splits, plans[i].pages_per_split,
         plans[i].fused_window ? "true" : "false", TimingFields(times[i]).c_str());
   }
@@ -579,6 +599,14 @@ void RunBf16(const Shape& s, int batch, int context, int iters, int sms, double 
 }  // namespace
 }  // namespace kvstrata::kernels
 
+// A codec spec with uniform levels (":u" after every ":pr"), for --formats fragment.
+std::string UniformLevels(std::string spec) {
+  for (size_t at = spec.find(":pr"); at != std::string::npos; at = spec.find(":pr", at + 5)) {
+    spec.insert(at + 3, ":u");
+  }
+  return spec;
+}
+
 int main(int argc, char** argv) {
   std::vector<int> contexts = {8192, 32768, 65536, 102400, 131072};
   std::vector<int> batches = {1, 8, 32};
@@ -618,7 +646,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "unknown flag %s\nusage: %s [--contexts a,b] [--batches a,b] [--iters N] "
-                   "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec] "
+                   "[--shapes qwen3-8b,smollm2-135m] [--formats int2,bf16,codec,fragment] "
                    "[--codec64 SPEC] [--codec128 SPEC] [--bf16_budget_gb G] "
                    "[--rounds R] [--int2_steps i,j] [--bf16_steps i,j] [--codec_steps i,j] "
                    "(indices of the steps; all by default)\n",
@@ -644,6 +672,10 @@ int main(int argc, char** argv) {
         if (formats.find("codec") != std::string::npos)
           kvstrata::kernels::RunCodec(shape, b, c, iters, sms,
                                       shape.head_dim == 64 ? codec64 : codec128);
+        if (formats.find("fragment") != std::string::npos)
+          kvstrata::kernels::RunCodec(shape, b, c, iters, sms,
+                                      UniformLevels(shape.head_dim == 64 ? codec64 : codec128),
+                                      /*fragment=*/true);
         if (formats.find("bf16") != std::string::npos)
           kvstrata::kernels::RunBf16(shape, b, c, iters, sms, budget_gb * 1e9);
       }

@@ -17,8 +17,9 @@
 #          every step first equally often), and their Nsight Compute counts
 #          (KVSTRATA_INT2_STEPS picks them, KVSTRATA_BF16_STEPS adds BF16 history steps,
 #          KVSTRATA_INT2_NCU=0 leaves Nsight Compute out; extra arguments go to the benchmark).
-# codec:   after kernels: the codec split decode's GPU test, kvstrata_bench_attention's codec
-#          steps beside INT2 (and, with KVSTRATA_CODEC_BEFORE naming a benchmark binary sent by
+# codec:   after kernels: the codec split decode's GPU tests (codec and codec fragment
+#          histories), kvstrata_bench_attention's codec steps and codec fragment blocks beside
+#          INT2 (KVSTRATA_CODEC_FORMATS, default int2,codec,fragment; and, with KVSTRATA_CODEC_BEFORE naming a benchmark binary sent by
 #          KVSTRATA_PACK_EXTRA, the same run of that build after it), then Nsight Compute's counts
 #          for the page-table step at batch 1 and 32 / 128K (KVSTRATA_CODEC_NCU=0 leaves them out).
 # attention: after kernels, on the same machine: kvstrata_bench_attention (split decode, INT2 and
@@ -149,7 +150,8 @@ case $step in
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     runs=(kvstrata_bench_attention ${KVSTRATA_CODEC_BEFORE:-})
     for bench in "${runs[@]}"; do
-      "$bench" --formats int2,codec --int2_steps 6 "${@:2}" >"$out/$bench.jsonl" || status=1
+      "$bench" --formats "${KVSTRATA_CODEC_FORMATS:-int2,codec,fragment}" --int2_steps 6 "${@:2}" \
+        >"$out/$bench.jsonl" || status=1
     done
     python3 - "$out" "${runs[@]}" <<'PY'
 import json, sys
@@ -159,7 +161,7 @@ for bench in runs:
     int2 = {(r["shape"], r["batch"], r["context"]): r["us_per_layer"]
             for r in rows if r.get("kernel") == "kvstrata-int2-split"}
     for r in rows:
-        if r.get("kernel") == "kvstrata-codec-split":
+        if r.get("kernel") in ("kvstrata-codec-split", "kvstrata-codec-fragment-split"):
             k = (r["shape"], r["batch"], r["context"])
             print(f"{bench}: {k[0]} b{k[1]} {k[2]}: {r['step'][:40]}: {r['us_per_layer']:.1f} us, "
                   f"{r['us_per_layer'] / int2[k]:.2f}x INT2 ({int2[k]:.1f})")

@@ -35,6 +35,8 @@ const char* PageEncodingName(PageEncoding encoding) {
       return "int2-lloyd-max";
     case PageEncoding::kCodec:
       return "codec";
+    case PageEncoding::kCodecFragment:
+      return "codec-fragment";
   }
   return "unknown";
 }

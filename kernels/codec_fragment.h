@@ -38,6 +38,9 @@ namespace kvstrata::kernels {
 
 inline constexpr int kCodecFragmentTokens = 64;  // a page; the layout is defined for 64 rows
 inline constexpr int kCodecFragmentStep = 16;    // channels per step
+// GaussianUniformStep(bits) as floats, for the kernels (checked against it by the test).
+inline constexpr float kCodecFragmentLevelStep[5] = {0.0f, 1.59576917f, 0.99568671f,
+                                                     0.586019456f, 0.335200608f};
 
 // The bits of a code one part of a step holds: [shift, shift + width).
 struct CodecFragmentPart {
@@ -57,6 +60,13 @@ std::string CodecFragmentRecipeUnservable(const SideRecipe& r, int head_dim);
 
 // Where the parts of one block lie: region_codes[k] is region k's first step (0 if dropped).
 CodecBlockLayout CodecFragmentBlockLayoutFor(const SideRecipe& r);
+
+// The layout the CUDA kernels take for one layer's fragment blocks (kernels/kv_layout.h):
+// recipes k_recipe and v_recipe (servable here), KV head 0's K block at k_block0 and V block at
+// v_block0 in the page; region_codes and channels as CodecLayerLayoutFor gives them.
+CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
+                                             const SideRecipe& v_recipe, int64_t k_block0,
+                                             int64_t v_block0);
 
 // Encodes rows [64][head_dim] (in the codec's basis) into `block`
 // (CodecFragmentBlockLayoutFor(r).bytes bytes), side `kind`.

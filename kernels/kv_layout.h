@@ -34,6 +34,10 @@ enum class PageEncoding : uint8_t {
   // from the codec (per layer and K|V), which the rotation file carries and the namespace pins:
   // BlockBytes, BlockOffset and PageBytes below do not apply (engine/kv_cache.h lays it out).
   kCodec = 4,
+  // history: a history codec with uniform levels, its codes laid out for the tensor cores'
+  // fragments (kernels/codec_fragment.h). Not yet served: split decode reads it, no engine writes
+  // it, and ParsePage refuses it.
+  kCodecFragment = 5,
 };
 
 // Shape of the KV cache of one model. Fixed per engine; every page of a namespace shares it.

@@ -31,7 +31,8 @@ struct SplitDecodeCudaParams {
   // device pointers.
   PagedSegmentView segments[3];
   // A codec history (PageEncoding::kCodec): where this layer's K and V blocks lie in a page and
-  // how they are coded (CodecLayerLayoutFor); every region's channels a multiple of 8.
+  // how they are coded (CodecLayerLayoutFor); every region's channels a multiple of 8. A codec
+  // fragment history (PageEncoding::kCodecFragment): CodecFragmentLayerLayoutFor's.
   CodecLayerLayout codec;
   float* out = nullptr;  // device [batch][num_q_heads][head_dim], rotated value space
   float* lse = nullptr;  // device [batch][num_q_heads] natural log, or null
@@ -105,6 +106,9 @@ int SplitDecodeCtasPerSm(int head_dim, PageEncoding history = PageEncoding::kInt
 // kernels' shared-memory stage, and Σ 4^bits over a side's regions (its page tables) at most
 // 512: one 4-bit region with 3-bit and narrower ones beside it, as every P2 recipe.
 bool SplitDecodeTakesCodec(const CodecLayerLayout& layout, int head_dim);
+// Whether split decode takes a codec fragment layer's layout (CodecFragmentLayerLayoutFor,
+// kernels/codec_fragment.h): head_dim 64 or 128, every region whole steps of 16 channels.
+bool SplitDecodeTakesCodecFragment(const CodecLayerLayout& layout, int head_dim);
 
 // cudaErrorInvalidValue for unsupported shapes (head_dim other than 64/128, GQA group above 8,
 // INT2 history with group_size != head_dim or Lloyd-Max levels, a codec layout the kernel does

@@ -182,6 +182,12 @@ TEST(CodecFragmentLayout, KRowsAndVColumnsLandInTheMmaFragments) {
   }
 }
 
+TEST(CodecFragmentLayout, KernelLevelStepsAreTheUniformLevels) {
+  for (int bits = 1; bits <= 4; ++bits) {
+    EXPECT_EQ(kCodecFragmentLevelStep[bits], static_cast<float>(GaussianUniformStep(bits))) << bits;
+  }
+}
+
 TEST(CodecFragmentLayout, ExplainsWhatCannotServe) {
   EXPECT_NE(CodecFragmentRecipeUnservable(Recipe("3x32+2x32:s8:pr", 64), 64).find("uniform"),
             std::string::npos);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/attention_ref.h"
+#include "kernels/codec_fragment.h"
 #include "kernels/codec_page.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/split_decode.h"
@@ -34,28 +35,50 @@ struct Pool {
 // order after the header, as KvCache lays them out.
 struct CodecPages {
   HistoryCodec codec;
+  bool fragment = false;  // codec fragment blocks (kernels/codec_fragment.h)
   std::vector<int64_t> block0;  // [layer][kind]: KV head 0's block
   int64_t page_bytes = 0;
 
-  CodecPages(const std::string& spec, const KvGeometry& g) {
+  CodecPages(const std::string& spec, const KvGeometry& g, bool fragment_blocks)
+      : fragment(fragment_blocks) {
     std::string error;
     EXPECT_TRUE(ParseHistoryCodec(spec, g.head_dim, &codec, &error)) << error;
     int64_t at = kPageHeaderBytes;
     for (int l = 0; l < g.num_layers; ++l) {
       for (int kind = 0; kind < 2; ++kind) {
-        EXPECT_EQ(CodecRecipeUnservable(codec.Side(l, kind), g.head_dim), "");
+        EXPECT_EQ(fragment ? CodecFragmentRecipeUnservable(codec.Side(l, kind), g.head_dim)
+                           : CodecRecipeUnservable(codec.Side(l, kind), g.head_dim),
+                  "");
         block0.push_back(at);
-        at += CodecBlockLayoutFor(codec.Side(l, kind), 64).bytes * g.num_kv_heads;
+        at += BlockBytes(l, kind) * g.num_kv_heads;
       }
     }
     page_bytes = (at + 63) / 64 * 64;
   }
+  int64_t BlockBytes(int layer, int kind) const {
+    const SideRecipe& r = codec.Side(layer, kind);
+    return fragment ? CodecFragmentBlockLayoutFor(r).bytes : CodecBlockLayoutFor(r, 64).bytes;
+  }
   int64_t Block(int layer, int kind, int head) const {
-    return block0[layer * 2 + kind] + head * CodecBlockLayoutFor(codec.Side(layer, kind), 64).bytes;
+    return block0[layer * 2 + kind] + head * BlockBytes(layer, kind);
   }
   CodecLayerLayout Layout(int layer) const {
-    return CodecLayerLayoutFor(codec.Side(layer, 0), codec.Side(layer, 1), 64,
-                               block0[layer * 2], block0[layer * 2 + 1]);
+    return fragment ? CodecFragmentLayerLayoutFor(codec.Side(layer, 0), codec.Side(layer, 1),
+                                                  block0[layer * 2], block0[layer * 2 + 1])
+                    : CodecLayerLayoutFor(codec.Side(layer, 0), codec.Side(layer, 1), 64,
+                                          block0[layer * 2], block0[layer * 2 + 1]);
+  }
+  // Encodes rows [64][d] into the block at `blk` and decodes them into `decoded`.
+  void EncodeAndDecode(const float* rows, int layer, int kind, int d, uint8_t* blk,
+                       float* decoded) const {
+    const SideRecipe& recipe = codec.Side(layer, kind);
+    if (fragment) {
+      EncodeCodecFragmentBlock(rows, d, recipe, kind, blk);
+      DecodeCodecFragmentBlock(blk, 64, d, recipe, kind, decoded);
+    } else {
+      EncodeCodecBlock(rows, 64, d, recipe, blk);
+      DecodeCodecBlock(blk, 64, 64, d, recipe, decoded, CodecDecoder::kPortable);
+    }
   }
 };
 
@@ -64,7 +87,7 @@ struct Case {
   std::vector<int> sink, history_pages, recent;
   int fake_sms = 0;  // 0: the device's; more forces smaller page ranges
   PageEncoding history = PageEncoding::kInt2Uniform;  // kBf16: the BF16 cache format
-  std::string codec;  // history kCodec: the codec's spec (kernels/history_codec.h)
+  std::string codec;  // history kCodec or kCodecFragment: the codec's spec (history_codec.h)
 };
 
 // out_rows_type: kFp32 writes p.out; kBf16 or kFp16 writes p.out_rows through a row map that
@@ -76,9 +99,13 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   Pool pools[3] = {{PageEncoding::kBf16}, {c.history}, {PageEncoding::kBf16}};
-  const bool codec = c.history == PageEncoding::kCodec;
+  const bool codec =
+      c.history == PageEncoding::kCodec || c.history == PageEncoding::kCodecFragment;
   std::unique_ptr<CodecPages> codec_pages;
-  if (codec) codec_pages = std::make_unique<CodecPages>(c.codec, g);
+  if (codec) {
+    codec_pages = std::make_unique<CodecPages>(c.codec, g,
+                                               c.history == PageEncoding::kCodecFragment);
+  }
   std::uniform_real_distribution<float> row_scale(0.5f, 1.5f);
   // A codec history's rows of the layer under test, decoded in fp32: [b][kv head][K|V] rows.
   std::vector<std::vector<std::vector<float>>> codec_rows(
@@ -108,11 +135,10 @@ double RunCase(const Case& c, uint32_t seed, const SplitDecodeVariant& variant =
                   const float r = row_scale(rng);
                   for (int i = 0; i < d; ++i) rows[t * d + i] *= r * (i < d / 4 ? 1.5f : 0.75f);
                 }
-                const SideRecipe& recipe = codec_pages->codec.Side(l, kind);
-                uint8_t* blk = page.data() + codec_pages->Block(l, kind, h);
-                EncodeCodecBlock(rows.data(), 64, d, recipe, blk);
                 std::vector<float> decoded(64 * d);
-                DecodeCodecBlock(blk, 64, 64, d, recipe, decoded.data(), CodecDecoder::kPortable);
+                codec_pages->EncodeAndDecode(rows.data(), l, kind, d,
+                                             page.data() + codec_pages->Block(l, kind, h),
+                                             decoded.data());
                 if (l == c.layers - 1) {
                   std::vector<float>& dst = codec_rows[b][2 * h + kind];
                   dst.insert(dst.end(), decoded.begin(), decoded.begin() + int64_t{len} * d);
@@ -369,6 +395,48 @@ TEST(SplitDecodeGpu, MatchesCpuReference) {
 
 // The merge writing a GEMM's 16-bit operand rows itself, through a row map, as the engine's
 // decode does with early launches.
+// A codec fragment history (kernels/codec_fragment.h): every bit width (3 as two parts),
+// dropped regions, layers of different recipes, the window pages on and off the history launch,
+// against the reference over the same pages decoded by DecodeCodecFragmentBlock.
+TEST(SplitDecodeGpu, MatchesCpuReferenceWithACodecFragmentHistory) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string specs[2] = {
+      "4x16+3x16+2x32:s8:pr:u|3x16+2x16+1x32:s8:pr:u;1=4x64:s8:pr:u|1x16+2x16+3x32:s8:pr:u",
+      "3x32+2x96:s8:pr:u|2x64+1x64:s8:pr:u;"
+      "1=4x32+3x32+2x32+1x32:s8:pr:u|0x48+1x32+2x32+3x16:s8:pr:u"};
+  double worst = 0;
+  int shapes = 0;
+  uint32_t seed = 700;
+  for (const SplitDecodeVariant& v : kVariants) {
+    SCOPED_TRACE(testing::Message() << "variant " << (&v - kVariants));
+    for (int d : {64, 128}) {
+      const std::string& spec = specs[d == 128];
+      for (int group : {1, 3, 4, 8}) {
+        for (int fake_sms : {0, 4000}) {
+          SCOPED_TRACE(testing::Message() << "head_dim " << d << ", group " << group
+                                          << ", fake_sms " << fake_sms);
+          Case c{d, 2, group, 2, {64, 17, 64}, {5, 0, 37}, {300, 1, 319}, fake_sms,
+                 PageEncoding::kCodecFragment, spec};
+          worst = std::max(worst, RunCase(c, seed++, v));
+          ++shapes;
+        }
+      }
+    }
+    worst = std::max(worst, RunCase({64, 3, 3, 2, {64}, {200}, {270}, 0,
+                                     PageEncoding::kCodecFragment, specs[0]},
+                                    seed++, v));
+    worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {300}, {256}, 0,
+                                     PageEncoding::kCodecFragment,
+                                     "4x32+3x32+2x64:s8:pr:u|3x32+2x32+1x64:s8:pr:u"},
+                                    seed++, v));
+    shapes += 2;
+  }
+  std::printf("split decode, codec fragment history: %d shape sets, largest error %.3g of the "
+              "row's max |o|\n",
+              shapes, worst);
+  EXPECT_GT(shapes, 0);
+}
+
 // A codec history (the codec cache format): every region's bits from 4 down to a dropped one,
 // regions in falling and in rising bits (their tables aligned apart), 3-bit codes across byte
 // boundaries, layers of different recipes, against the reference over the same pages decoded
