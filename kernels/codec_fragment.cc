@@ -97,25 +97,8 @@ CodecBlockLayout CodecFragmentBlockLayoutFor(const SideRecipe& r) {
 CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
                                              const SideRecipe& v_recipe, int64_t k_block0,
                                              int64_t v_block0) {
-  CodecLayerLayout out;
-  const SideRecipe* recipes[2] = {&k_recipe, &v_recipe};
-  const int64_t block0[2] = {k_block0, v_block0};
-  for (int kind = 0; kind < 2; ++kind) {
-    const SideRecipe& r = *recipes[kind];
-    const CodecBlockLayout l = CodecFragmentBlockLayoutFor(r);
-    CodecSideLayout& s = out.side[kind];
-    s.block0 = block0[kind];
-    s.block_bytes = static_cast<int32_t>(l.bytes);
-    s.row_scales = static_cast<int32_t>(l.row_scales);
-    s.ratios = static_cast<int32_t>(l.ratios);
-    s.num_regions = static_cast<int32_t>(r.regions.size());
-    for (size_t k = 0; k < r.regions.size(); ++k) {
-      s.codes[k] = static_cast<int32_t>(l.region_codes[k]);
-      s.bits[k] = static_cast<uint8_t>(r.regions[k].bits);
-      s.channels[k] = static_cast<uint8_t>(r.regions[k].channels);
-    }
-  }
-  return out;
+  return CodecLayerLayoutOf(k_recipe, CodecFragmentBlockLayoutFor(k_recipe), v_recipe,
+                            CodecFragmentBlockLayoutFor(v_recipe), k_block0, v_block0);
 }
 
 void EncodeCodecFragmentBlock(const float* rows, int head_dim, const SideRecipe& r, int kind,

@@ -102,14 +102,16 @@ CodecBlockLayout CodecBlockLayoutFor(const SideRecipe& r, int page_tokens) {
   return l;
 }
 
-CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecipe& v_recipe,
-                                     int page_tokens, int64_t k_block0, int64_t v_block0) {
+CodecLayerLayout CodecLayerLayoutOf(const SideRecipe& k_recipe, const CodecBlockLayout& k_blocks,
+                                    const SideRecipe& v_recipe, const CodecBlockLayout& v_blocks,
+                                    int64_t k_block0, int64_t v_block0) {
   CodecLayerLayout out;
   const SideRecipe* recipes[2] = {&k_recipe, &v_recipe};
+  const CodecBlockLayout* blocks[2] = {&k_blocks, &v_blocks};
   const int64_t block0[2] = {k_block0, v_block0};
   for (int kind = 0; kind < 2; ++kind) {
     const SideRecipe& r = *recipes[kind];
-    const CodecBlockLayout l = CodecBlockLayoutFor(r, page_tokens);
+    const CodecBlockLayout& l = *blocks[kind];
     CodecSideLayout& s = out.side[kind];
     s.block0 = block0[kind];
     s.block_bytes = static_cast<int32_t>(l.bytes);
@@ -123,6 +125,12 @@ CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecip
     }
   }
   return out;
+}
+
+CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecipe& v_recipe,
+                                     int page_tokens, int64_t k_block0, int64_t v_block0) {
+  return CodecLayerLayoutOf(k_recipe, CodecBlockLayoutFor(k_recipe, page_tokens), v_recipe,
+                            CodecBlockLayoutFor(v_recipe, page_tokens), k_block0, v_block0);
 }
 
 void CodecPageScales(const float* rows, int page_tokens, int head_dim, const SideRecipe& r,

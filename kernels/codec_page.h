@@ -44,6 +44,12 @@ struct CodecBlockLayout {
 // For a servable recipe (CodecRecipeUnservable empty).
 CodecBlockLayout CodecBlockLayoutFor(const SideRecipe& r, int page_tokens);
 
+// The layout the CUDA kernels take for one layer's blocks of the given block layouts (this
+// file's or a codec fragment block's): KV head 0's K block at k_block0, V block at v_block0.
+CodecLayerLayout CodecLayerLayoutOf(const SideRecipe& k_recipe, const CodecBlockLayout& k_blocks,
+                                    const SideRecipe& v_recipe, const CodecBlockLayout& v_blocks,
+                                    int64_t k_block0, int64_t v_block0);
+
 // The layout the CUDA kernels take for one layer's blocks (kernels/kv_layout.h): recipes k_recipe
 // and v_recipe (servable), KV head 0's K block at k_block0 and V block at v_block0 in the page.
 CodecLayerLayout CodecLayerLayoutFor(const SideRecipe& k_recipe, const SideRecipe& v_recipe,
