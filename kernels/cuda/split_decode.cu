@@ -876,21 +876,20 @@ bool SplitDecodeTakesCodec(const CodecLayerLayout& layout, int head_dim) {
 }
 
 bool SplitDecodeTakesCodecFragment(const CodecLayerLayout& layout, int head_dim) {
-  if (head_dim != 64 && head_dim != 128) return false;
-  const int max_bytes = head_dim == 64 ? kFragmentSideBytes<64> : kFragmentSideBytes<128>;
+  if ((head_dim != 64 && head_dim != 128) ||
+      !codec::GpuLayoutOk(layout, head_dim,
+                          head_dim == 64 ? kFragmentSideBytes<64> : kFragmentSideBytes<128>)) {
+    return false;
+  }
+  // And a fragment block's own shape: whole steps, the codes right up to the row scales.
   for (const CodecSideLayout& s : layout.side) {
-    if (s.num_regions < 1 || s.num_regions > kMaxCodecRegions || s.block_bytes <= 0 ||
-        s.block_bytes > max_bytes || s.block_bytes % 16 != 0 || s.block0 % 16 != 0) {
-      return false;
-    }
-    int channels = 0, code_bytes = 0;
+    int code_bytes = 0;
     for (int k = 0; k < s.num_regions; ++k) {
-      if (s.channels[k] % kFragmentStep != 0 || s.bits[k] > 4) return false;
-      channels += s.channels[k];
+      if (s.channels[k] % kFragmentStep != 0) return false;
       code_bytes += 128 * s.bits[k] * (s.channels[k] / kFragmentStep);
     }
-    if (channels != head_dim || s.row_scales != code_bytes ||
-        s.ratios != s.row_scales + kPageTokens || s.ratios + s.num_regions > s.block_bytes) {
+    if (s.row_scales != code_bytes || s.ratios != s.row_scales + kPageTokens ||
+        s.ratios + s.num_regions > s.block_bytes) {
       return false;
     }
   }

@@ -529,6 +529,17 @@ TEST(SplitDecodeGpu, RejectsUnsupportedShapes) {
   ASSERT_TRUE(ParseHistoryCodec("3x32+4x32+3x64:s8:pr|2x128:s8:pr", 128, &codec, &error)) << error;
   p.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 64, 8192);
   EXPECT_FALSE(SplitDecodeTakesCodec(p.codec, 128));
+  // Codec fragment layouts: whole 16-channel steps within the kernel's stage.
+  ASSERT_TRUE(ParseHistoryCodec("4x32+3x32+2x64:s8:pr:u|4x128:s8:pr:u", 128, &codec, &error))
+      << error;
+  p.codec = CodecFragmentLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 8192);
+  EXPECT_TRUE(SplitDecodeTakesCodecFragment(p.codec, 128));
+  EXPECT_FALSE(SplitDecodeTakesCodecFragment(p.codec, 64));
+  ASSERT_TRUE(ParseHistoryCodec("2x8+1x120:s8:pr:u|2x128:s8:pr:u", 128, &codec, &error)) << error;
+  p.codec = CodecFragmentLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, 8192);
+  EXPECT_FALSE(SplitDecodeTakesCodecFragment(p.codec, 128));
+  p.segments[1].encoding = PageEncoding::kCodecFragment;
+  EXPECT_EQ(LaunchSplitDecode(p, plan, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(SplitDecodePlan, CoversEveryPage) {
