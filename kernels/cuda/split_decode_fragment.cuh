@@ -17,6 +17,7 @@
 // The page ratios ρ_k and row scales s_t are LogScaleValue's of the stored codes, computed with
 // one ex2 each.
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -268,3 +269,141 @@ __device__ __forceinline__ void FragmentPage(FragmentWarpState<D>& st, const uin
 }
 
 }  // namespace kvstrata::kernels::split
+
+// The kernel, in split_decode.cu's unnamed namespace (this header is included there only).
+namespace kvstrata::kernels {
+namespace {
+
+using namespace split;  // NOLINT: the kernels' shared constants and workspace
+
+// History in codec fragment blocks (split_decode_fragment.cuh): the INT2 kernel's page stream,
+// each warp's pages through kFragmentStages bulk-copy stages, decoded in registers. The first
+// window_ctas CTAs take the window pages.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    FragmentHistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
+                          Workspace ws) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (static_cast<int>(blockIdx.x) < window_ctas) {
+    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, smem);
+    return;
+  }
+  const int split = blockIdx.x - window_ctas;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const KvGeometry& geo = p.geometry;
+  const int G = p.num_q_heads / geo.num_kv_heads;
+  const PagedSegmentView& seg = p.segments[kHistorySegment];
+  const int npages = seg.num_pages(b);
+  const int begin = split * pages_per_split;
+  const int end = min(npages, begin + pages_per_split);
+
+  __shared__ uint64_t s_bar[kWarps][kFragmentStages];
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  __shared__ float s_q[kMaxGroup][D];
+  __shared__ uint32_t s_desc[2][D / 16];
+  // After the page loop the stages hold the warps' outputs.
+  float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(smem);
+
+  const int my_pages = begin + warp < end ? (end - (begin + warp) + kWarps - 1) / kWarps : 0;
+  uint8_t* stages = smem + warp * kFragmentStages * kFragmentStageBytes<D>;
+  uint64_t* bars = s_bar[warp];
+  const CodecSideLayout& ks = p.codec.side[0];
+  const CodecSideLayout& vs = p.codec.side[1];
+  const int64_t k_offset = ks.block0 + int64_t{h} * ks.block_bytes;
+  const int64_t v_offset = vs.block0 + int64_t{h} * vs.block_bytes;
+  auto issue = [&](int i) {  // lane 0: page i of this warp into stage i % kFragmentStages
+    const int64_t slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
+    const uint8_t* base = seg.pool + slot * seg.slot_stride;
+    uint8_t* dst = stages + (i % kFragmentStages) * kFragmentStageBytes<D>;
+    uint64_t* bar = bars + i % kFragmentStages;
+    ptx::BarrierExpect(bar, ks.block_bytes + vs.block_bytes);
+    ptx::BulkCopy(dst, base + k_offset, ks.block_bytes, bar);
+    ptx::BulkCopy(dst + kFragmentSideBytes<D>, base + v_offset, vs.block_bytes, bar);
+  };
+  if (lane == 0) {
+    for (int i = 0; i < kFragmentStages; ++i) ptx::BarrierInit(&s_bar[warp][i]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < min(my_pages, kFragmentStages); ++i) issue(i);
+  }
+  if (threadIdx.x < 2) {  // each side's steps: offset in the block, bits, region
+    const CodecSideLayout& s = p.codec.side[threadIdx.x];
+    int step = 0;
+    uint32_t offset = 0;
+    for (int k = 0; k < s.num_regions; ++k) {
+      for (int j = 0; j < s.channels[k] / kFragmentStep; ++j, ++step) {
+        s_desc[threadIdx.x][step] = offset | uint32_t{s.bits[k]} << 16 | uint32_t(k) << 20;
+        offset += 128u * s.bits[k];
+      }
+    }
+  }
+  ptx::GridDependencyWait();
+  const float qscale = p.sm_scale * kLog2e;
+  for (int i = threadIdx.x; i < kMaxGroup * D; i += kThreads) {
+    const int n = i / D, d = i % D;
+    float v = 0.0f;
+    if (n < G) {
+      const uint16_t bits = p.q[(int64_t{b} * p.num_q_heads + h * G + n) * D + d];
+      v = __bfloat162float(__ushort_as_bfloat16(bits)) * qscale;
+    }
+    s_q[n][d] = v;
+  }
+  __syncthreads();
+  // B fragments of Q·Δ/2: (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g).
+  uint32_t bq[D / 16][2];
+#pragma unroll
+  for (int step = 0; step < D / 16; ++step) {
+    const int bits = StepBits(s_desc[0][step]);
+    const float c = bits > 0 ? 0.5f * FragmentLevelStep(bits) : 0.0f;
+    const int d0 = 16 * step + 2 * t, d1 = d0 + 8;
+    bq[step][0] = ptx::PackHalf2(s_q[g][d0] * c, s_q[g][d0 + 1] * c);
+    bq[step][1] = ptx::PackHalf2(s_q[g][d1] * c, s_q[g][d1 + 1] * c);
+  }
+  FragmentWarpState<D> st;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) st.m[col] = -INFINITY, st.l[col] = 0.0f;
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
+  for (int i = 0; i < my_pages; ++i) {
+    ptx::BarrierWait(bars + i % kFragmentStages, (i / kFragmentStages) & 1);
+    FragmentPage<D>(st, stages + (i % kFragmentStages) * kFragmentStageBytes<D>, p, s_desc, bq,
+                    lane);
+    __syncwarp();
+    if (lane == 0 && i + kFragmentStages < my_pages) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before its writes
+      issue(i + kFragmentStages);
+    }
+  }
+  ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
+  }
+  __syncthreads();  // every warp is done with the stages
+  // This warp's unnormalised output per (head, dim): the value tile's Δ/2.
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) {
+    const int bits = StepBits(s_desc[1][mb]);
+    const float c = bits > 0 ? 0.5f * FragmentLevelStep(bits) : 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = e & 1, row_half = e >> 1;
+      s_o[warp][2 * t + col][16 * mb + g + 8 * row_half] = st.o[mb][e] * c;
+    }
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      s_m[warp][2 * t + col] = st.m[col];
+      s_l[warp][2 * t + col] = st.l[col];
+    }
+  }
+  __syncthreads();
+  CombineWarps<D>(s_o, s_m, s_l, G, PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split),
+                  ws);
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels

@@ -1,0 +1,442 @@
+#pragma once
+
+// Split decode over an INT2 history on tensor cores (kernels/cuda/split_decode.cu's file comment
+// says how the codes become fp16 operands): the page layout's registers, the scores and the V
+// product of one page, and the history kernel itself. Included by split_decode.cu only: its
+// kernels live in that file's unnamed namespace, as they did when they were written there.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/ptx.cuh"
+#include "kernels/cuda/split_decode.h"
+#include "kernels/cuda/split_decode_bf16.cuh"
+#include "kernels/cuda/split_decode_common.cuh"
+
+namespace kvstrata::kernels {
+namespace {
+
+using namespace split;  // NOLINT: the kernels' shared constants and workspace
+
+constexpr int kInt2Stages = 2;  // shared-memory pages in flight per warp (INT2)
+
+__device__ __forceinline__ uint32_t Lop3AndOr(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
+  return d;
+}
+
+// Pair p of a word as fp16x2 {1024 + 4^j·code(bits 2p), 1024 + 4^j·code(bits 16+2p)}.
+__device__ __forceinline__ uint32_t ExtractPair(uint32_t w, uint32_t w10, int p) {
+  return p < 5 ? Lop3AndOr(w, 0x00030003u << (2 * p), 0x64006400u)
+               : Lop3AndOr(w10, 0x00030003u << (2 * (p - 5)), 0x64006400u);
+}
+
+// 1 / 4^j for the weight of pair p: an exact power of two, built from its exponent bits.
+__device__ __forceinline__ float PairWeightInv(int p) {
+  return __int_as_float((127 - 2 * (p < 5 ? p : p - 5)) << 23);
+}
+
+// The K pair index of channel d (KCodeBit's `pair`).
+__device__ __forceinline__ int KPairOf(int d) { return 2 * ((d / 16) % 4) + (d % 16) / 8; }
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  ptx::MmaF16(c, a0, a1, a2, a3, b0, b1);
+}
+
+// What one thread holds of a page's V block.
+template <int D>
+struct VRegs {
+  uint32_t vp[8];   // V {scale, offset} of tokens g + 8r
+  uint4 v[D / 32];  // V code chunks
+};
+
+// What one thread loads of one page (one layer, one KV head).
+template <int D>
+struct PageRegs : VRegs<D> {
+  uint32_t k[8][D / 64];  // K row words of tokens g + 8r
+  uint32_t kp[8];         // K {scale, offset} of those tokens
+};
+
+// Bytes of one (page, layer, KV head): its K block then its V block.
+template <int D>
+constexpr int kInt2StageBytes = 2 * kPageTokens*(D / 4 + 4);
+
+// Registers from a page staged in shared memory (K block at `st`, V block after it).
+template <int D>
+__device__ __forceinline__ void LoadPage(PageRegs<D>& r, const uint8_t* st, int lane) {
+  const uint8_t* kb = st;
+  const uint8_t* vb = st + kInt2StageBytes<D> / 2;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = g + 8 * i;
+    if constexpr (D == 128) {
+      const uint2 x = *reinterpret_cast<const uint2*>(kb + row * 32 + t * 8);
+      r.k[i][0] = x.x;
+      r.k[i][1] = x.y;
+    } else {
+      r.k[i][0] = *reinterpret_cast<const uint32_t*>(kb + row * 16 + t * 4);
+    }
+    r.kp[i] = *reinterpret_cast<const uint32_t*>(kb + kPageTokens * D / 4 + row * 4);
+    r.vp[i] = *reinterpret_cast<const uint32_t*>(vb + kPageTokens * D / 4 + row * 4);
+  }
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c)
+    r.v[c] = *reinterpret_cast<const uint4*>(vb + (c * 32 + lane) * 16);
+}
+
+__device__ __forceinline__ uint32_t Component(const uint4& x, int i) {
+  return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
+}
+
+// Per-warp online-softmax state over the pages it has seen. Columns are the heads 2t, 2t+1.
+template <int D>
+struct WarpState {
+  float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, heads 2t | 2t+1)
+  float m[2], l[2];    // running max (log2 units) and Σp (this thread's rows only)
+  float sp[2];         // Σ p·s_v      (this thread's rows)
+  float spo[2];        // Σ p·offset_v (this thread's rows)
+};
+
+template <int D>
+__device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
+                                        const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
+                                        const float (&sumq4)[2]) {
+  // Sᵀ = K·Qᵀ, four 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8).
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int step = 0; step < D / 16; ++step) {
+      const uint32_t w0 = r.k[2 * i][step / 4], w1 = r.k[2 * i + 1][step / 4];
+      const uint32_t w0s = w0 >> 10, w1s = w1 >> 10;
+      const int pl = 2 * (step % 4), ph = pl + 1;
+      Mma(s[i], ExtractPair(w0, w0s, pl), ExtractPair(w1, w1s, pl), ExtractPair(w0, w0s, ph),
+          ExtractPair(w1, w1s, ph), bq[step][0], bq[step][1]);
+    }
+    // Undo the code bias and apply the token's scale and offset (fp32).
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t kp = r.kp[2 * i + (e >> 1)];
+      const int col = e & 1;
+      s[i][e] = ptx::HalfHi(kp) * sumq[col] + ptx::HalfLo(kp) * (s[i][e] - 1024.0f * sumq4[col]);
+    }
+  }
+}
+
+// The page's scores s (KScores) into the warp's softmax state and its V product.
+template <int D>
+__device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
+                                            const VRegs<D>& r) {
+  // Online softmax per head column. Once the running maxima settle the rescale is skipped
+  // (a warp-uniform vote), which changes nothing numerically: alpha would be exactly 1.
+  float alpha[2];
+  bool moved = false;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+    float mx = fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2]));
+    mx = fmaxf(mx, fmaxf(fmaxf(s[2][col], s[2][col + 2]), fmaxf(s[3][col], s[3][col + 2])));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(st.m[col], mx);
+    moved |= m_new != st.m[col];
+    alpha[col] = ptx::Exp2(st.m[col] - m_new);  // 0 on the first page (m = -inf)
+    st.m[col] = m_new;
+  }
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      st.l[col] *= alpha[col];
+      st.sp[col] *= alpha[col];
+      st.spo[col] *= alpha[col];
+#pragma unroll
+      for (int mb = 0; mb < D / 16; ++mb) {
+        st.o[mb][col] *= alpha[col];
+        st.o[mb][col + 2] *= alpha[col];
+      }
+    }
+  }
+  // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed).
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float pv[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = e & 1;
+      const uint32_t vp = r.vp[2 * i + (e >> 1)];
+      const float p = ptx::Exp2(s[i][e] - st.m[col]);
+      st.l[col] += p;
+      st.spo[col] += p * ptx::HalfHi(vp);
+      pv[e] = p * ptx::HalfLo(vp);
+    }
+    const uint32_t h01 = ptx::PackHalf2(pv[0], pv[1]), h23 = ptx::PackHalf2(pv[2], pv[3]);
+    // Σp' over the fp16 values the mma multiplies: the 1024 bias cancels only against those.
+    st.sp[0] += ptx::HalfLo(h01) + ptx::HalfLo(h23);
+    st.sp[1] += ptx::HalfHi(h01) + ptx::HalfHi(h23);
+    const uint32_t b0 = ptx::Transpose8x8(h01);
+    const uint32_t b1 = ptx::Transpose8x8(h23);
+    // Oᵀ += Vᵀ·P'ᵀ over the 16 tokens of tile i (k-step i).
+#pragma unroll
+    for (int mb = 0; mb < D / 16; ++mb) {
+      const int ug = (2 * mb) / 8;
+      const int pl = (2 * mb) % 8, ph = pl + 1;
+      const int slot0 = (i * 2 + 0) * (D / 64) + ug, slot1 = (i * 2 + 1) * (D / 64) + ug;
+      const uint32_t w0 = Component(r.v[slot0 / 4], slot0 % 4);
+      const uint32_t w1 = Component(r.v[slot1 / 4], slot1 % 4);
+      const uint32_t w0s = w0 >> 10, w1s = w1 >> 10;
+      Mma(st.o[mb], ExtractPair(w0, w0s, pl), ExtractPair(w0, w0s, ph), ExtractPair(w1, w1s, pl),
+          ExtractPair(w1, w1s, ph), b0, b1);
+    }
+  }
+}
+
+template <int D, bool Overlap>
+__global__ void __launch_bounds__(kThreads, 3)
+    Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
+                      Workspace ws, bool quick_start, bool early) {
+  const int h = blockIdx.y, b = blockIdx.z;
+  // The staging area: INT2 pages in flight, or one BF16 window page.
+  constexpr int kStagingBytes = kWarps * kInt2Stages * kInt2StageBytes<D> > kBf16StageBytes<D>
+                                    ? kWarps * kInt2Stages * kInt2StageBytes<D>
+                                    : kBf16StageBytes<D>;
+  __shared__ alignas(128) uint8_t s_stage[kStagingBytes];
+  if (static_cast<int>(blockIdx.x) < window_ctas) {  // a sink or recent page of the same launch
+    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, s_stage);
+    return;
+  }
+  const int split = blockIdx.x - window_ctas;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const KvGeometry& geo = p.geometry;
+  const int G = p.num_q_heads / geo.num_kv_heads;
+  const PagedSegmentView& seg = p.segments[kHistorySegment];
+  const int npages = seg.num_pages(b);
+  const int begin = split * pages_per_split;
+  const int end = min(npages, begin + pages_per_split);
+
+  __shared__ uint64_t s_bar[kWarps][kInt2Stages];
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  __shared__ float s_q[kMaxGroup][D];
+  __shared__ float s_sumq[kMaxGroup], s_sumq4[kMaxGroup];
+  // After the page loop the staging area holds the warps' outputs.
+  float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(s_stage);
+  static_assert(kWarps * kMaxGroup * D * 4 <= kStagingBytes, "staging area");
+
+  // Each warp streams pages begin + warp, + 4, ... through kInt2Stages shared-memory stages filled by
+  // the bulk copy engine, so several pages per warp are in flight while it computes. The first
+  // ones are asked for before the queries are read, so the two latencies overlap.
+  const int my_pages = begin + warp < end ? (end - (begin + warp) + kWarps - 1) / kWarps : 0;
+  uint8_t* stages = s_stage + warp * kInt2Stages * kInt2StageBytes<D>;
+  uint64_t* bars = s_bar[warp];
+  const uint32_t block_bytes = kPageTokens * (D / 4 + 4);
+  const int64_t k_offset = BlockOffset(geo, seg.encoding, p.layer, 0, h);
+  const int64_t v_offset = BlockOffset(geo, seg.encoding, p.layer, 1, h);
+  auto issue = [&](int i) {  // lane 0: page i of this warp into stage i % kInt2Stages
+    const int64_t slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
+    const uint8_t* base = seg.pool + slot * seg.slot_stride;
+    uint8_t* dst = stages + (i % kInt2Stages) * kInt2StageBytes<D>;
+    uint64_t* bar = bars + i % kInt2Stages;
+    ptx::BarrierExpect(bar, 2 * block_bytes);
+    ptx::BulkCopy(dst, base + k_offset, block_bytes, bar);
+    ptx::BulkCopy(dst + block_bytes, base + v_offset, block_bytes, bar);
+  };
+  // quick_start: one page per warp in the launch's first burst of copies (the second is asked
+  // for once the queries are in), so first pages land sooner; the queries come in 16-byte loads
+  // and their sums from shuffles instead of a loop over shared memory.
+  // early (launched before the kernel in front has finished, SplitDecodeVariant::early_launch):
+  // every stage is filled while that kernel runs; the queries and the workspace wait for it.
+  const bool quick = quick_start && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;
+  const int first_burst = min(my_pages, quick && !early ? 1 : kInt2Stages);
+  if (lane == 0) {
+    for (int i = 0; i < kInt2Stages; ++i) ptx::BarrierInit(&s_bar[warp][i]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < first_burst; ++i) issue(i);
+  }
+  ptx::GridDependencyWait();
+
+  // Queries of this KV head's group, scaled for exp2.
+  const float qscale = p.sm_scale * kLog2e;
+  float sumq[2], sumq4[2];
+  if (quick) {
+    constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
+    const int n = threadIdx.x / kLanesPerHead, d0 = threadIdx.x % kLanesPerHead * 8;
+    float part_q = 0.0f, part_q4 = 0.0f;
+    if (n < kMaxGroup) {
+      float v[8] = {};
+      if (n < G) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(
+            p.q + (int64_t{b} * p.num_q_heads + h * G + n) * D + d0);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[2 * j] = __uint_as_float(w[j] << 16) * qscale;
+          v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u) * qscale;
+        }
+      }
+      *reinterpret_cast<float4*>(&s_q[n][d0]) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(&s_q[n][d0 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        part_q += v[j];
+        part_q4 += __half2float(__float2half_rn(v[j] * PairWeightInv(KPairOf(d0 + j))));
+      }
+    }
+#pragma unroll
+    for (int x = 1; x < kLanesPerHead; x <<= 1) {
+      part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
+      part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, x);
+    }
+    if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) {
+      s_sumq[n] = part_q;
+      s_sumq4[n] = part_q4;
+    }
+    __syncthreads();
+    if (lane == 0 && first_burst == 1 && 1 < my_pages) issue(1);
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      sumq[col] = s_sumq[2 * t + col];
+      sumq4[col] = s_sumq4[2 * t + col];
+    }
+  }
+  for (int i = threadIdx.x; !quick && i < kMaxGroup * D; i += kThreads) {
+    const int n = i / D, d = i % D;
+    float v = 0.0f;
+    if (n < G) {
+      const uint16_t bits = p.q[(int64_t{b} * p.num_q_heads + h * G + n) * D + d];
+      v = __bfloat162float(__ushort_as_bfloat16(bits)) * qscale;
+    }
+    s_q[n][d] = v;
+  }
+  if (!quick) __syncthreads();
+  // B fragments of Q': (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), divided by the pair weights.
+  uint32_t bq[D / 16][2];
+#pragma unroll
+  for (int step = 0; step < D / 16; ++step) {
+    const int d0 = 16 * step + 2 * t, d1 = d0 + 8;
+    const float w0 = PairWeightInv(2 * (step % 4)), w1 = PairWeightInv(2 * (step % 4) + 1);
+    bq[step][0] = ptx::PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
+    bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
+  }
+  // Σq and Σq' (the latter over the fp16 values the mma sees) per head: lane (g, t) sums a
+  // quarter of head g's channels, the quad reduces, then each lane fetches heads 2t and 2t+1.
+  if (!quick) {
+    float part_q = 0.0f, part_q4 = 0.0f;
+#pragma unroll
+    for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) {
+      const float q = s_q[g][d];
+      part_q += q;
+      part_q4 += __half2float(__float2half_rn(q * PairWeightInv(KPairOf(d))));
+    }
+    part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
+    part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
+    part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 1);
+    part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 2);
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
+      sumq4[col] = __shfl_sync(0xffffffffu, part_q4, 4 * (2 * t + col));
+    }
+  }
+
+  WarpState<D> st;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+    st.m[col] = -INFINITY;
+    st.l[col] = st.sp[col] = st.spo[col] = 0.0f;
+  }
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
+
+  // Page i from its stage into registers; the stage then takes page i + kInt2Stages.
+  auto load = [&](PageRegs<D>& r, int i) {
+    ptx::BarrierWait(bars + i % kInt2Stages, (i / kInt2Stages) & 1);
+    LoadPage(r, stages + (i % kInt2Stages) * kInt2StageBytes<D>, lane);
+    __syncwarp();
+    if (lane == 0 && i + kInt2Stages < my_pages) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before its writes
+      issue(i + kInt2Stages);
+    }
+  };
+  if constexpr (Overlap) {
+    // The scores of page i + 1 are computed before page i's softmax and V product, so the two
+    // pages' independent tensor-core chains interleave (a warp's page is otherwise one long
+    // dependent chain, and 3 warps per scheduler do not hide it).
+    if (my_pages > 0) {
+      VRegs<D> cur;
+      float s[4][4];
+      {
+        PageRegs<D> first;
+        load(first, 0);
+        KScores(s, first, bq, sumq, sumq4);
+        cur = first;
+      }
+      for (int i = 0; i < my_pages; ++i) {
+        PageRegs<D> next;
+        float s_next[4][4];
+        const bool more = i + 1 < my_pages;
+        if (more) {
+          load(next, i + 1);
+          KScores(s_next, next, bq, sumq, sumq4);
+        }
+        SoftmaxAndV(st, s, cur);
+        if (more) {
+          cur = next;  // its V half
+#pragma unroll
+          for (int t4 = 0; t4 < 4; ++t4) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[t4][e] = s_next[t4][e];
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = 0; i < my_pages; ++i) {
+      PageRegs<D> cur;
+      load(cur, i);
+      float s[4][4];
+      KScores(s, cur, bq, sumq, sumq4);
+      SoftmaxAndV(st, s, cur);
+    }
+  }
+  ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
+  // Row sums over the 8 row groups of the warp.
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) {
+      st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
+      st.sp[col] += __shfl_xor_sync(0xffffffffu, st.sp[col], x);
+      st.spo[col] += __shfl_xor_sync(0xffffffffu, st.spo[col], x);
+    }
+  }
+  __syncthreads();  // every warp is done with the staging area
+  // This warp's unnormalised output per (head, dim): undo the bias and the pair weights.
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = e & 1, row_half = e >> 1;
+      const int d = 16 * mb + g + 8 * row_half;
+      const float winv = PairWeightInv((2 * mb + row_half) % 8);
+      s_o[warp][2 * t + col][d] = (st.o[mb][e] - 1024.0f * st.sp[col]) * winv + st.spo[col];
+    }
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      s_m[warp][2 * t + col] = st.m[col];
+      s_l[warp][2 * t + col] = st.l[col];
+    }
+  }
+  __syncthreads();
+  CombineWarps<D>(s_o, s_m, s_l, G, PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split),
+                  ws);
+}
+
+}  // namespace
+}  // namespace kvstrata::kernels
