@@ -16,7 +16,8 @@ bool KnownEncoding(uint8_t e) {
   return e == static_cast<uint8_t>(PageEncoding::kBf16) ||
          e == static_cast<uint8_t>(PageEncoding::kInt2Uniform) ||
          e == static_cast<uint8_t>(PageEncoding::kInt2LloydMax) ||
-         e == static_cast<uint8_t>(PageEncoding::kCodec);
+         e == static_cast<uint8_t>(PageEncoding::kCodec) ||
+         e == static_cast<uint8_t>(PageEncoding::kCodecFragment);
 }
 
 int64_t FloatsPerPage(const KvGeometry& g) {
@@ -64,7 +65,7 @@ absl::Status ValidateGeometry(const KvGeometry& g, PageEncoding encoding) {
                                                    " for head_dim=", g.head_dim,
                                                    " (a multiple of 16 that divides head_dim)"));
   }
-  if ((kernels::IsInt2(encoding) || encoding == PageEncoding::kCodec) && g.page_tokens != 64) {
+  if ((kernels::IsInt2(encoding) || kernels::IsCodec(encoding)) && g.page_tokens != 64) {
     return absl::InvalidArgumentError(absl::StrCat("page_tokens=", g.page_tokens,
                                                    " is unsupported for ",
                                                    PageEncodingName(encoding), " pages (64)"));
@@ -76,7 +77,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodePage(const PageSpec& spec, std::span<
                                                 ClipRatios clip_ratios) {
   const KvGeometry& g = spec.geometry;
   KV_RETURN_IF_ERROR(ValidateGeometry(g, spec.encoding));
-  if (spec.encoding == PageEncoding::kCodec) {
+  if (kernels::IsCodec(spec.encoding)) {
     return absl::InvalidArgumentError(
         "codec pages are laid out by their codec: the engine's KV cache encodes them");
   }
@@ -183,7 +184,7 @@ absl::StatusOr<PageRef> ParsePage(std::span<const uint8_t> bytes) {
     return absl::InvalidArgumentError(absl::StrCat("page header: ", s.message()));
   }
   int64_t expect = kernels::PageBytes(ref.geometry, ref.encoding);
-  if (ref.encoding == PageEncoding::kCodec) {
+  if (kernels::IsCodec(ref.encoding)) {
     // Its size depends on its codec, which only the engines of its namespace know (they check
     // it); here it must be a multiple of 16 bytes, no larger than the BF16 page, and hold at
     // least every block's row scales and one region ratio (kernels/codec_page.h).
@@ -238,7 +239,7 @@ absl::Status CheckPageMatches(const PageRef& page, const KvGeometry& g, PageEnco
 
 absl::Status DecodePage(const PageRef& page, std::span<float> kv) {
   const KvGeometry& g = page.geometry;
-  if (page.encoding == PageEncoding::kCodec) {
+  if (kernels::IsCodec(page.encoding)) {
     return absl::FailedPreconditionError(
         "a codec page decodes only with its codec (the engine's KV cache)");
   }

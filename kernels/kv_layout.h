@@ -35,8 +35,8 @@ enum class PageEncoding : uint8_t {
   // BlockBytes, BlockOffset and PageBytes below do not apply (engine/kv_cache.h lays it out).
   kCodec = 4,
   // history: a history codec with uniform levels, its codes laid out for the tensor cores'
-  // fragments (kernels/codec_fragment.h). Not yet served: split decode reads it, no engine writes
-  // it, and ParsePage refuses it.
+  // fragments (kernels/codec_fragment.h). Sized by its codec as kCodec is. The CPU engine
+  // writes and reads it, the CUDA split decode reads it; the CUDA engine does not serve it yet.
   kCodecFragment = 5,
 };
 
@@ -51,6 +51,11 @@ struct KvGeometry {
 
 KV_HOST_DEVICE bool IsInt2(PageEncoding e) {
   return e == PageEncoding::kInt2Uniform || e == PageEncoding::kInt2LloydMax;
+}
+
+// A history codec's page (kCodec or kCodecFragment): its blocks' sizes come from its codec.
+KV_HOST_DEVICE bool IsCodec(PageEncoding e) {
+  return e == PageEncoding::kCodec || e == PageEncoding::kCodecFragment;
 }
 
 KV_HOST_DEVICE int64_t Int2CodeBytesPerToken(const KvGeometry& g) { return g.head_dim / 4; }

@@ -40,7 +40,7 @@ bool FormMatchesEncoding(PageForm form, PageEncoding encoding) {
     case PageForm::kBf16Recent:
       return encoding == PageEncoding::kBf16;
     case PageForm::kInt2:  // the history form: INT2, or a history codec's page
-      return kernels::IsInt2(encoding) || encoding == PageEncoding::kCodec;
+      return kernels::IsInt2(encoding) || kernels::IsCodec(encoding);
   }
   return false;
 }

@@ -150,41 +150,46 @@ TEST(PageFormat, MalformedHeadersAreErrorsNamingTheField) {
 // A codec page's size is its codec's, which ParsePage cannot know: it checks the header, and
 // that the body is a multiple of 16 bytes between every block's row scales and a BF16 page.
 // Building and decoding one takes the codec (engine/kv_cache.h), so the codec-free helpers refuse
-// it.
+// it. The same holds for both codec encodings: codec blocks and codec fragment blocks.
 TEST(PageFormat, CodecPagesAreCheckedAsFarAsTheHeaderGoes) {
   const KvGeometry g = SmallGeometry();
   const std::vector<float> kv = RandomKv(g, 7);
   const std::vector<uint8_t> bf16 = MustEncode({g, PageEncoding::kBf16, 0, Key(1), Key(2)}, kv);
   const uint64_t bf16_body = bf16.size() - kernels::kPageHeaderBytes;
-  auto codec_page = [&](uint64_t body, uint16_t group_size = 0) {
-    std::vector<uint8_t> page(kernels::kPageHeaderBytes + body, 0x5A);
-    kernels::PageHeader h;
-    std::memcpy(&h, bf16.data(), sizeof(h));
-    h.encoding = static_cast<uint8_t>(PageEncoding::kCodec);
-    h.group_size = group_size;
-    h.body_bytes = body;
-    std::memcpy(page.data(), &h, sizeof(h));
-    return page;
-  };
-  const std::vector<uint8_t> page = codec_page(4096);
-  absl::StatusOr<PageRef> ref = ParsePage(page);
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  EXPECT_EQ(ref->encoding, PageEncoding::kCodec);
-  EXPECT_EQ(ref->key(), Key(1));
-  EXPECT_STREQ(PageEncodingName(ref->encoding), "codec");
-  EXPECT_TRUE(ParsePage(codec_page(bf16_body)).ok());
-  ExpectError(codec_page(0), "body_bytes=0");
-  ExpectError(codec_page(12 * 80 - 16), "[960, ");  // 12 blocks of at least 80 bytes
-  EXPECT_TRUE(ParsePage(codec_page(12 * 80)).ok());
-  ExpectError(codec_page(4100), "multiple of 16");
-  ExpectError(codec_page(bf16_body + 16), "body_bytes");
-  ExpectError(codec_page(4096, 32), "group_size must be 0 for a codec page");
-  std::vector<uint8_t> short_page = page;
-  short_page.pop_back();
-  ExpectError(short_page, "its header says");
-  std::vector<float> out(kv.size());
-  EXPECT_EQ(DecodePage(*ref, out).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(EncodePage({g, PageEncoding::kCodec, 0, Key(1), Key(2)}, kv).ok());
+  for (const PageEncoding encoding : {PageEncoding::kCodec, PageEncoding::kCodecFragment}) {
+    const std::string name = PageEncodingName(encoding);
+    SCOPED_TRACE(name);
+    auto codec_page = [&](uint64_t body, uint16_t group_size = 0) {
+      std::vector<uint8_t> page(kernels::kPageHeaderBytes + body, 0x5A);
+      kernels::PageHeader h;
+      std::memcpy(&h, bf16.data(), sizeof(h));
+      h.encoding = static_cast<uint8_t>(encoding);
+      h.group_size = group_size;
+      h.body_bytes = body;
+      std::memcpy(page.data(), &h, sizeof(h));
+      return page;
+    };
+    const std::vector<uint8_t> page = codec_page(4096);
+    absl::StatusOr<PageRef> ref = ParsePage(page);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    EXPECT_EQ(ref->encoding, encoding);
+    EXPECT_EQ(ref->key(), Key(1));
+    EXPECT_TRUE(ParsePage(codec_page(bf16_body)).ok());
+    ExpectError(codec_page(0), "body_bytes=0");
+    ExpectError(codec_page(12 * 80 - 16), "[960, ");  // 12 blocks of at least 80 bytes
+    EXPECT_TRUE(ParsePage(codec_page(12 * 80)).ok());
+    ExpectError(codec_page(4100), "multiple of 16");
+    ExpectError(codec_page(bf16_body + 16), "body_bytes");
+    ExpectError(codec_page(4096, 32), "group_size must be 0 for a " + name + " page");
+    std::vector<uint8_t> short_page = page;
+    short_page.pop_back();
+    ExpectError(short_page, "its header says");
+    std::vector<float> out(kv.size());
+    EXPECT_EQ(DecodePage(*ref, out).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(EncodePage({g, encoding, 0, Key(1), Key(2)}, kv).ok());
+  }
+  EXPECT_STREQ(PageEncodingName(PageEncoding::kCodec), "codec");
+  EXPECT_STREQ(PageEncodingName(PageEncoding::kCodecFragment), "codec-fragment");
 }
 
 TEST(PageFormat, RandomCorruptionNeverCrashes) {
@@ -206,7 +211,7 @@ TEST(PageFormat, RandomCorruptionNeverCrashes) {
       std::vector<float> kv(kernels::NumBlocks(ref->geometry) * ref->geometry.page_tokens *
                             ref->geometry.head_dim);
       const absl::Status decoded = DecodePage(*ref, kv);
-      if (ref->encoding == PageEncoding::kCodec) {
+      if (kernels::IsCodec(ref->encoding)) {
         ASSERT_EQ(decoded.code(), absl::StatusCode::kFailedPrecondition);
       } else {
         ASSERT_TRUE(decoded.ok()) << decoded;

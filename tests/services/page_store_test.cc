@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "core/page_format.h"
 #include "tests/services/test_pages.h"
 #include "tests/testing/fake_clock.h"
 
@@ -326,31 +328,36 @@ TEST_F(PageStoreTest, Bf16RecentCopyNeedsInt2Primary) {
   EXPECT_EQ(store_->Stats().bf16_recent_copies, 1u);
 }
 
-// A history codec's page (page encoding 4) is the history form of its key, as an INT2 page is.
+// A history codec's page (page encoding 4, or 5 for codec fragment blocks) is the history form
+// of its key, as an INT2 page is.
 TEST_F(PageStoreTest, CodecPagesAreTheHistoryForm) {
-  MakeStore(10);
-  TestPage root = MakeChain({1})[0];
-  TestPage codec = MakePage(Key(2), Key(1), 1, PageForm::kInt2);
-  // The INT2 page's header, re-labelled: a codec page of 2 blocks of 1,488 bytes.
-  kernels::PageHeader h;
-  std::memcpy(&h, codec.bytes.data(), sizeof(h));
-  h.encoding = static_cast<uint8_t>(PageEncoding::kCodec);
-  h.group_size = 0;
-  h.body_bytes = 2 * 1488;
-  codec.bytes.assign(kernels::kPageHeaderBytes + h.body_bytes, 0x3C);
-  std::memcpy(codec.bytes.data(), &h, sizeof(h));
-  codec.meta.byte_length = codec.bytes.size();
-  codec.meta.checksum_xxh3_64 = XXH3_64bits(codec.bytes.data(), codec.bytes.size());
-  PutAll({root});
-  TestPage as_bf16 = codec;
-  as_bf16.meta.form = PageForm::kBf16;
-  absl::StatusOr<PutResult> wrong = Put(as_bf16);
-  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(wrong.status().message(), HasSubstr("the bytes are codec"));
-  ASSERT_TRUE(Put(codec).ok());
-  absl::StatusOr<StoredPage> fetched = store_->Fetch(Key(2), /*bf16_recent=*/false, 0);
-  ASSERT_TRUE(fetched.ok());
-  EXPECT_EQ(*fetched->bytes, codec.bytes);
+  for (const PageEncoding encoding : {PageEncoding::kCodec, PageEncoding::kCodecFragment}) {
+    SCOPED_TRACE(PageEncodingName(encoding));
+    MakeStore(10);
+    TestPage root = MakeChain({1})[0];
+    TestPage codec = MakePage(Key(2), Key(1), 1, PageForm::kInt2);
+    // The INT2 page's header, re-labelled: a codec page of 2 blocks of 1,488 bytes.
+    kernels::PageHeader h;
+    std::memcpy(&h, codec.bytes.data(), sizeof(h));
+    h.encoding = static_cast<uint8_t>(encoding);
+    h.group_size = 0;
+    h.body_bytes = 2 * 1488;
+    codec.bytes.assign(kernels::kPageHeaderBytes + h.body_bytes, 0x3C);
+    std::memcpy(codec.bytes.data(), &h, sizeof(h));
+    codec.meta.byte_length = codec.bytes.size();
+    codec.meta.checksum_xxh3_64 = XXH3_64bits(codec.bytes.data(), codec.bytes.size());
+    PutAll({root});
+    TestPage as_bf16 = codec;
+    as_bf16.meta.form = PageForm::kBf16;
+    absl::StatusOr<PutResult> wrong = Put(as_bf16);
+    EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(wrong.status().message(),
+                HasSubstr(absl::StrCat("the bytes are ", PageEncodingName(encoding))));
+    ASSERT_TRUE(Put(codec).ok());
+    absl::StatusOr<StoredPage> fetched = store_->Fetch(Key(2), /*bf16_recent=*/false, 0);
+    ASSERT_TRUE(fetched.ok());
+    EXPECT_EQ(*fetched->bytes, codec.bytes);
+  }
 }
 
 TEST_F(PageStoreTest, FetchedBytesOutliveEviction) {
