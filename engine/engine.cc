@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/page_format.h"
 #include "core/status_macros.h"
 #include "engine/cpu_backend.h"
 #include "engine/thread_pool.h"
@@ -360,10 +361,11 @@ std::string Engine::KvFormatString() const {
   const KvCacheFormat format = cache_->options().format;
   // BF16 keeps every page whole: neither the group size nor the window changes its bytes.
   if (format == KvCacheFormat::kBf16) return absl::StrCat("bf16-p", l.page_tokens);
-  // The codec's recipes are in the rotation file, whose digest the namespace holds beside this.
+  // The codec's recipes are in the rotation file, whose digest the namespace holds beside this;
+  // the page encoding (codec or codec fragment blocks) follows from them, and is named too.
   if (format == KvCacheFormat::kCodec) {
-    return absl::StrCat("codec-sink", l.sink_tokens, "-recent", l.recent_tokens, "-p",
-                        l.page_tokens);
+    return absl::StrCat(PageEncodingName(cache_->int2_encoding()), "-sink",
+                        l.sink_tokens, "-recent", l.recent_tokens, "-p", l.page_tokens);
   }
   return absl::StrCat(KvCacheFormatName(format), "-g", cache_->geometry().group_size, "-sink",
                       l.sink_tokens, "-recent", l.recent_tokens, "-p", l.page_tokens);

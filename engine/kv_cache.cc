@@ -11,6 +11,7 @@
 #include "core/page_format.h"
 #include "core/status_macros.h"
 #include "kernels/baselines.h"
+#include "kernels/codec_fragment.h"
 #include "kernels/codec_page.h"
 #include "kernels/quant.h"
 
@@ -68,7 +69,9 @@ bool IsEvaluationFormat(KvCacheFormat format) {
 int64_t HistoryBlockBytes(KvCacheFormat format, const kernels::KvGeometry& g, int layer, int kind,
                           const kernels::HistoryCodec* codec) {
   if (format == KvCacheFormat::kCodec) {
-    return kernels::CodecBlockLayoutFor(codec->Side(layer, kind), g.page_tokens).bytes;
+    const kernels::SideRecipe& r = codec->Side(layer, kind);
+    return r.uniform_levels ? kernels::CodecFragmentBlockLayoutFor(r).bytes
+                            : kernels::CodecBlockLayoutFor(r, g.page_tokens).bytes;
   }
   if (format == KvCacheFormat::kEvalCodec) {
     return int64_t{g.page_tokens} * (g.head_dim + kernels::kCodecBiasTerms) * 4;
@@ -97,7 +100,11 @@ void EncodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
                                block);
       return;
     case KvCacheFormat::kCodec:
-      kernels::EncodeCodecBlock(rows, n, d, codec->Side(layer, kind), block);
+      if (codec->Side(layer, kind).uniform_levels) {
+        kernels::EncodeCodecFragmentBlock(rows, d, codec->Side(layer, kind), kind, block);
+      } else {
+        kernels::EncodeCodecBlock(rows, n, d, codec->Side(layer, kind), block);
+      }
       return;
     case KvCacheFormat::kEvalFp8:
       kernels::FakeQuantFp8E4M3(rows, n, d, out);
@@ -139,8 +146,13 @@ void DecodeHistoryBlock(KvCacheFormat format, const kernels::KvGeometry& g, cons
                                rows);
       return;
     case KvCacheFormat::kCodec:
-      kernels::DecodeCodecBlock(block, num_tokens, g.page_tokens, g.head_dim,
-                                codec->Side(layer, kind), rows);
+      if (codec->Side(layer, kind).uniform_levels) {
+        kernels::DecodeCodecFragmentBlock(block, num_tokens, g.head_dim, codec->Side(layer, kind),
+                                          kind, rows);
+      } else {
+        kernels::DecodeCodecBlock(block, num_tokens, g.page_tokens, g.head_dim,
+                                  codec->Side(layer, kind), rows);
+      }
       return;
     case KvCacheFormat::kEvalFp8:
     case KvCacheFormat::kEvalInt4:
@@ -294,10 +306,17 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
         absl::StrCat(KvCacheFormatName(o.format), " needs KvCacheOptions::codec"));
   }
   if (o.format == KvCacheFormat::kCodec) {
+    // Uniform levels (u) are served as codec fragment blocks, Lloyd-Max levels as codec blocks:
+    // one page encoding per cache, so every recipe of the codec takes the same one.
+    const bool fragments = o.codec->Side(0, 0).uniform_levels;
     for (int layer = 0; layer < g.num_layers; ++layer) {
       for (int kind = 0; kind < 2; ++kind) {
+        const kernels::SideRecipe& r = o.codec->Side(layer, kind);
         const std::string why =
-            kernels::CodecRecipeUnservable(o.codec->Side(layer, kind), g.head_dim);
+            r.uniform_levels != fragments
+                ? std::string("a served codec's recipes all code uniform levels (u) or none does")
+            : fragments ? kernels::CodecFragmentRecipeUnservable(r, g.head_dim)
+                        : kernels::CodecRecipeUnservable(r, g.head_dim);
         if (!why.empty()) {
           return absl::InvalidArgumentError(
               absl::StrCat("codec: layer ", layer, kind == 0 ? " keys" : " values", ": ", why));
@@ -368,7 +387,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const kernels::KvGeomet
 }
 
 kernels::PageEncoding KvCache::int2_encoding() const {
-  if (options_.format == KvCacheFormat::kCodec) return kernels::PageEncoding::kCodec;
+  if (options_.format == KvCacheFormat::kCodec) {
+    return options_.codec->Side(0, 0).uniform_levels ? kernels::PageEncoding::kCodecFragment
+                                                     : kernels::PageEncoding::kCodec;
+  }
   return options_.format == KvCacheFormat::kInt2LloydMax ? kernels::PageEncoding::kInt2LloydMax
                                                          : kernels::PageEncoding::kInt2Uniform;
 }

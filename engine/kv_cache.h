@@ -30,8 +30,10 @@ enum class KvCacheFormat {
   kInt2,          // split layout, INT2 history with uniform levels
   kInt2LloydMax,  // split layout, INT2 history with Gaussian Lloyd-Max levels
   // Split layout whose history is coded by a history codec (KvCacheOptions::codec, from the
-  // rotation file): per (layer, K|V) regions of 4/3/2/1-bit Lloyd-Max codes (kernels/codec_page.h).
-  // Its rows are in the codec's basis (the engine folds it into the rotations).
+  // rotation file): per (layer, K|V) regions of 4/3/2/1-bit codes. Lloyd-Max levels are stored
+  // as codec blocks (page encoding 4, kernels/codec_page.h), uniform levels (recipes with `u`)
+  // as codec fragment blocks (page encoding 5, kernels/codec_fragment.h). Its rows are in the
+  // codec's basis (the engine folds it into the rotations).
   kCodec,
   // Evaluation only (kvstrata eval). Split layout whose history pages hold, in fp32, what a
   // baseline format would reconstruct (kernels/baselines.h, fake quantisation). The memory is
@@ -57,7 +59,7 @@ bool IsEvaluationFormat(KvCacheFormat format);
 // `rows` [64][head_dim] are the page's rotated values as its BF16 page holds them (so the
 // stored history depends on the tokens only). INT2 formats write the page format's INT2 block
 // (kernels/quant.h), kCodec the codec's packed block of that layer and side
-// (kernels/codec_page.h); evaluation formats write the fp32 reconstruction [64][head_dim], and
+// (kernels/codec_page.h, or kernels/codec_fragment.h for uniform levels); evaluation formats write the fp32 reconstruction [64][head_dim], and
 // kEvalCodec after it the codec's score-bias coefficients [64][kernels::kCodecBiasTerms]
 // (kernels/history_codec.h, "jb"; zeros without it). `block` has HistoryBlockBytes bytes. Decode
 // writes rows [num_tokens][head_dim] in rotated space. `codec` is the recipe of kCodec and
@@ -150,7 +152,8 @@ struct KvCacheOptions {
   std::vector<float> demotion_key_clip;
   std::vector<float> demotion_value_clip;
   // kCodec and kEvalCodec: the codec's recipe (required). kCodec needs every layer's recipes
-  // to be servable (kernels::CodecRecipeUnservable), in the basis the rows are in.
+  // to be servable (kernels::CodecRecipeUnservable, or CodecFragmentRecipeUnservable when they
+  // code uniform levels: all of them or none), in the basis the rows are in.
   std::shared_ptr<const kernels::HistoryCodec> codec;
   // The page memory; empty: host memory (what the CPU backend needs).
   PageMemoryAllocator allocate_page_memory;

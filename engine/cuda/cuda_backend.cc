@@ -308,6 +308,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedMo
         "the CUDA backend serves the bf16, int2 and codec KV formats, not ",
         KvCacheFormatName(format)));
   }
+  if (cache->int2_encoding() == kernels::PageEncoding::kCodecFragment) {
+    // Split decode reads fragment blocks; demotion and chunk attention do not yet.
+    return absl::UnimplementedError(
+        "the CUDA backend does not serve codec fragment blocks (a codec whose recipes code "
+        "uniform levels, u) yet: its demotion and prefill kernels write and read codec blocks "
+        "only; serve this codec on the CPU, or calibrate one with Lloyd-Max levels");
+  }
   const kernels::KvGeometry& g = cache->geometry();
   if (format == KvCacheFormat::kInt2 && g.group_size != g.head_dim) {
     return absl::UnimplementedError(absl::StrCat(

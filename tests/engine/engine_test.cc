@@ -243,6 +243,25 @@ TEST_F(EngineTest, CodecFormatServesTheCodecItsRotationFileCarries) {
   EXPECT_EQ(a->kv_int2_pages, 2);
   EXPECT_EQ(a->kv_bytes, 6 * codec->cache().bf16_pool().slot_bytes() +
                              2 * codec->cache().int2_pool()->slot_bytes());
+
+  // Recipes on uniform levels (u) are stored as codec fragment blocks: their own page encoding,
+  // named in the namespace. All of a codec's recipes code the same levels, in whole steps.
+  EXPECT_THAT(error("3x32+2x32:s8:pr:u|2x32+1x32:s8:pr"),
+              HasSubstr("layer 0 values: a served codec's recipes all code uniform levels (u)"));
+  EXPECT_THAT(error("3x40+2x24:s8:pr:u|2x32+1x32:s8:pr:u"),
+              HasSubstr("region 3x40 is not whole steps of 16 channels"));
+  const std::string uniform = "3x32+2x32:eig:s8:pr:u|2x32+1x32:eig:s8:pr:u";
+  ASSERT_EQ(error(uniform), "ok");
+  o.rotations_path = scratch_.File("codec-" + std::to_string(uniform.size()) + ".safetensors");
+  std::unique_ptr<Engine> fragments = Load(o);
+  ASSERT_NE(fragments, nullptr);
+  EXPECT_EQ(fragments->KvFormatString(), "codec-fragment-sink64-recent256-p64");
+  EXPECT_EQ(fragments->cache().int2_encoding(), kernels::PageEncoding::kCodecFragment);
+  EXPECT_NE(*fragments->PageNamespace(""), *codec->PageNamespace(""));
+  absl::StatusOr<GenerationStats> b = fragments->Generate(Request(*fragments, prompt, 8));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->generated_tokens, 8);
+  EXPECT_EQ(b->kv_int2_pages, 2);
 }
 
 TEST_F(EngineTest, ChatContentCannotInjectControlTokens) {

@@ -14,6 +14,8 @@
 #include "engine/kv_cache.h"
 #include "engine/rotations.h"
 #include "kernels/attention_ref.h"
+#include "kernels/codec_fragment.h"
+#include "kernels/codec_page.h"
 #include "tests/engine/random_model.h"
 
 namespace kvstrata::engine {
@@ -31,15 +33,14 @@ kernels::KvGeometry GeometryOf(const model::LoadedModel& m) {
 }
 
 void Prefill(PrefillRun& run, const model::LoadedModel& m, const RotationSet& rot,
-             KvCacheFormat format, const std::vector<int32_t>& prompt, int chunk, int threads) {
+             KvCacheFormat format, const std::vector<int32_t>& prompt, int chunk, int threads,
+             std::shared_ptr<const kernels::HistoryCodec> codec = testing::TestCodec()) {
   KvCacheOptions o;
   o.format = format;
   o.capacity_bytes = 64 << 20;
   o.max_sequences = 1;
   o.max_chunk_tokens = 1024;
-  if (format == KvCacheFormat::kCodec || format == KvCacheFormat::kEvalCodec) {
-    o.codec = testing::TestCodec();
-  }
+  if (format == KvCacheFormat::kCodec || format == KvCacheFormat::kEvalCodec) o.codec = codec;
   run.cache = *KvCache::Create(GeometryOf(m), o);
   run.backend = CreateCpuBackend(m, rot, run.cache.get(), threads);
   ASSERT_TRUE(run.cache->Reserve(run.seq, static_cast<int64_t>(prompt.size())).ok());
@@ -181,36 +182,45 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 // eigenbasis), up to the BF16 rounding of the rows, which the served format stores in the
 // codec's basis: a code next to a midpoint may flip under it (here ~8 % of the codec's own
 // error, against BF16). Coding the unfolded rows instead is as far off as the codec's own error:
-// the basis matters.
+// the basis matters. The same for both block layouts: codec blocks (Lloyd-Max levels) and codec
+// fragment blocks (uniform levels).
 TEST(CodecFormat, ServedPagesMatchTheEvaluationCodec) {
   const model::LoadedModel m = testing::RandomModel({});
-  std::mt19937 rng(33);
-  const RotationSet rot = RandomRotations(m, rng);
-  RotationSet folded = rot;
-  ASSERT_TRUE(FoldCodecBasis(*testing::TestCodec(), &folded).ok());
-  std::vector<int32_t> prompt(700);
-  for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
-  PrefillRun served, evaluated, unfolded, bf16;
-  Prefill(served, m, folded, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1);
-  Prefill(evaluated, m, rot, KvCacheFormat::kEvalCodec, prompt, 700, /*threads=*/1);
-  Prefill(unfolded, m, rot, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1);
-  Prefill(bf16, m, rot, KvCacheFormat::kBf16, prompt, 700, /*threads=*/1);
-  const float same = MaxAbsDiff(served.last_logits, evaluated.last_logits);
-  const float codec_error = MaxAbsDiff(served.last_logits, bf16.last_logits);
-  EXPECT_GT(codec_error, 0.0f);
-  EXPECT_LT(same, 0.25f * codec_error) << same << " vs " << codec_error;
-  EXPECT_GT(MaxAbsDiff(unfolded.last_logits, evaluated.last_logits), 2.5f * same);
-  // 5 history pages of 2 layers: bytes per page are the codec's (40 % of BF16 here), not INT2's.
-  EXPECT_EQ(served.cache->history_page_bytes(),
-            kernels::kPageHeaderBytes +
-                m.config.num_kv_heads * (HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 0,
-                                                           0, testing::TestCodec().get()) +
-                                         HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 0,
-                                                           1, testing::TestCodec().get()) +
-                                         HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 1,
-                                                           0, testing::TestCodec().get()) +
-                                         HistoryBlockBytes(KvCacheFormat::kCodec, GeometryOf(m), 1,
-                                                           1, testing::TestCodec().get())));
+  for (const bool uniform_levels : {false, true}) {
+    SCOPED_TRACE(uniform_levels ? "codec fragment blocks" : "codec blocks");
+    const std::shared_ptr<const kernels::HistoryCodec> codec = testing::TestCodec(uniform_levels);
+    std::mt19937 rng(33);
+    const RotationSet rot = RandomRotations(m, rng);
+    RotationSet folded = rot;
+    ASSERT_TRUE(FoldCodecBasis(*codec, &folded).ok());
+    std::vector<int32_t> prompt(700);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % m.config.vocab_size);
+    PrefillRun served, evaluated, unfolded, bf16;
+    Prefill(served, m, folded, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1, codec);
+    Prefill(evaluated, m, rot, KvCacheFormat::kEvalCodec, prompt, 700, /*threads=*/1, codec);
+    Prefill(unfolded, m, rot, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1, codec);
+    Prefill(bf16, m, rot, KvCacheFormat::kBf16, prompt, 700, /*threads=*/1, codec);
+    EXPECT_EQ(served.cache->int2_encoding(), uniform_levels
+                                                 ? kernels::PageEncoding::kCodecFragment
+                                                 : kernels::PageEncoding::kCodec);
+    const float same = MaxAbsDiff(served.last_logits, evaluated.last_logits);
+    const float codec_error = MaxAbsDiff(served.last_logits, bf16.last_logits);
+    EXPECT_GT(codec_error, 0.0f);
+    EXPECT_LT(same, 0.25f * codec_error) << same << " vs " << codec_error;
+    EXPECT_GT(MaxAbsDiff(unfolded.last_logits, evaluated.last_logits), 2.5f * same);
+    // 5 history pages of 2 layers: bytes per page are the codec's (40 % of BF16 here), not
+    // INT2's.
+    int64_t blocks = 0;
+    for (int layer = 0; layer < 2; ++layer) {
+      for (int kind = 0; kind < 2; ++kind) {
+        const kernels::SideRecipe& r = codec->Side(layer, kind);
+        blocks += uniform_levels ? kernels::CodecFragmentBlockLayoutFor(r).bytes
+                                 : kernels::CodecBlockLayoutFor(r, 64).bytes;
+      }
+    }
+    EXPECT_EQ(served.cache->history_page_bytes(),
+              kernels::kPageHeaderBytes + m.config.num_kv_heads * blocks);
+  }
 }
 
 // ChunkAttention over the engine's pages equals the kernels' split-attention reference, which

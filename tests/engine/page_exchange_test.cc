@@ -28,26 +28,37 @@ struct RunResult {
   std::vector<ExportedPage> prompt_pages;  // from the first token's event
 };
 
-class PageExchangeTest : public ::testing::TestWithParam<KvCacheFormat> {
+// A served KV format and, for the codec format, whether its recipes code uniform levels (then
+// its history pages are codec fragment blocks, page encoding 5).
+struct ExchangeFormat {
+  KvCacheFormat format = KvCacheFormat::kBf16;
+  bool uniform_levels = false;
+  std::string name;  // the test's name
+};
+
+class PageExchangeTest : public ::testing::TestWithParam<ExchangeFormat> {
  protected:
+  KvCacheFormat format() const { return GetParam().format; }
   void SetUp() override {
     model_ = testing::RandomModel({});
     rot_ = IdentityRotations(model_.config.num_layers, model_.config.num_kv_heads,
                              model_.config.head_dim);
     namespace_key_ = *NamespaceKey({.model_fingerprint = model_.fingerprint,
-                                    .kv_format = KvCacheFormatName(GetParam()),
+                                    .kv_format = GetParam().name,
                                     .rotation_digest = "identity"});
   }
   // A fresh cache, backend and scheduler (a fresh engine): nothing carries over between runs.
   void Make() {
     KvCacheOptions o;
-    o.format = GetParam();
+    o.format = format();
     o.capacity_bytes = 64 << 20;
     o.max_sequences = 2;
     o.max_chunk_tokens = 64;
     o.demotion_key_clip = rot_.k_clip;
     o.demotion_value_clip = rot_.v_clip;
-    if (GetParam() == KvCacheFormat::kCodec) o.codec = testing::TestCodec();
+    if (format() == KvCacheFormat::kCodec) {
+      o.codec = testing::TestCodec(GetParam().uniform_levels);
+    }
     cache_ =
         *KvCache::Create({model_.config.num_layers, model_.config.num_kv_heads, 64, 64, 64}, o);
     backend_ = CreateCpuBackend(model_, rot_, cache_.get());
@@ -132,14 +143,14 @@ TEST_P(PageExchangeTest, ExportedPagesParseAndCarryTheRadixChain) {
     EXPECT_EQ(page->parent_key(), parent);
     EXPECT_EQ(page->header.page_index, p);
     EXPECT_EQ(e.key, key);
-    const bool history = GetParam() != KvCacheFormat::kBf16 && p >= 1 &&
+    const bool history = format() != KvCacheFormat::kBf16 && p >= 1 &&
                          static_cast<int64_t>(p) < cache_->DemotedPagesEnd(held);
     EXPECT_EQ(e.encoding, history ? cache_->int2_encoding() : kernels::PageEncoding::kBf16)
         << "page " << p;
     int2_pages += e.encoding != kernels::PageEncoding::kBf16;
     parent = key;
   }
-  EXPECT_EQ(int2_pages > 0, GetParam() != KvCacheFormat::kBf16);
+  EXPECT_EQ(int2_pages > 0, format() != KvCacheFormat::kBf16);
 }
 
 // Right after prefill a sequence hands out its prompt's full pages, exactly those a sequence
@@ -187,7 +198,7 @@ TEST_P(PageExchangeTest, ImportedPrefixMatchesFullPrefillExactly) {
 // 8..13 from a longer one. At 14 pages, 4..7 are history: they are demoted on import, bit for
 // bit as a full prefill stores them, so nothing is lost and nothing is approximate.
 TEST_P(PageExchangeTest, WindowPagesThatBecomeHistoryAreDemotedExactly) {
-  if (GetParam() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
+  if (format() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
   constexpr int kLongPages = 14;
   const std::vector<int32_t> prompt = RandomPrompt(kLongPages * 64 + 20, 17);
   const RunResult scratch = Run(Request(prompt, 8));
@@ -215,7 +226,7 @@ TEST_P(PageExchangeTest, WindowPagesThatBecomeHistoryAreDemotedExactly) {
 }
 
 TEST_P(PageExchangeTest, RecentPagesOnlyInInt2AreDequantisedAndCounted) {
-  if (GetParam() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
+  if (format() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
   const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 13);
   // A donor that ran on for 300 tokens has demoted pages 4..7 too: only INT2 copies of them.
   const RunResult donor = Run(Request(prompt, 300));
@@ -447,7 +458,7 @@ TEST_P(InPlaceTest, HistoryPagesReadWhereTheyLieGiveTheSameTokensAndPages) {
   EXPECT_EQ(imported.tokens, scratch.tokens);
   // Pages 1..3 are INT2 history at 8 pages: read in place (their digests checked), the sink and
   // the window pages copied; the published pages are byte for byte a full prefill's.
-  const int history = GetParam() == KvCacheFormat::kBf16
+  const int history = format() == KvCacheFormat::kBf16
                           ? 0
                           : static_cast<int>(cache_->DemotedPagesEnd(kCachedPages * 64)) - 1;
   EXPECT_EQ(in_place, history);
@@ -466,7 +477,7 @@ TEST_P(InPlaceTest, HistoryPagesReadWhereTheyLieGiveTheSameTokensAndPages) {
 }
 
 TEST_P(InPlaceTest, PagesReadInPlaceTakeNoRoomInTheCache) {
-  if (GetParam() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
+  if (format() == KvCacheFormat::kBf16) GTEST_SKIP() << "no INT2 pages in the bf16 format";
   const std::vector<int32_t> prompt = RandomPrompt(kPromptTokens, 31);
   const RunResult donor =
       Run(Request(std::vector<int32_t>(prompt.begin(), prompt.begin() + kCachedPages * 64), 1));
@@ -501,7 +512,7 @@ TEST_P(InPlaceTest, WithoutAHoldOrWithACorruptPageNothingIsReadInPlace) {
     EXPECT_EQ(run.cached_tokens, kCachedPages * 64);
     EXPECT_EQ(run.tokens, scratch.tokens);
   }
-  if (GetParam() == KvCacheFormat::kBf16) return;
+  if (format() == KvCacheFormat::kBf16) return;
   {  // A history page that changed in the pool: a miss, the whole prompt computed.
     MakeWithHostPages();
     pool_[device[2].bytes - pool_.data() + 4096] ^= 0x40;
@@ -516,20 +527,22 @@ TEST_P(InPlaceTest, WithoutAHoldOrWithACorruptPageNothingIsReadInPlace) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, InPlaceTest,
-                         ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2),
-                         [](const auto& info) {
-                           return std::string(KvCacheFormatName(info.param)) == "bf16" ? "Bf16"
-                                                                                       : "Int2";
-                         });
+const ExchangeFormat kBf16Format{KvCacheFormat::kBf16, false, "Bf16"};
+const ExchangeFormat kInt2Format{KvCacheFormat::kInt2, false, "Int2"};
+const ExchangeFormat kCodecFormat{KvCacheFormat::kCodec, false, "Codec"};
+const ExchangeFormat kCodecFragmentFormat{KvCacheFormat::kCodec, true, "CodecFragment"};
+
+std::string FormatName(const ::testing::TestParamInfo<ExchangeFormat>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, InPlaceTest, ::testing::Values(kBf16Format, kInt2Format),
+                         FormatName);
 
 INSTANTIATE_TEST_SUITE_P(Formats, PageExchangeTest,
-                         ::testing::Values(KvCacheFormat::kBf16, KvCacheFormat::kInt2,
-                                           KvCacheFormat::kCodec),
-                         [](const auto& info) {
-                           const std::string name = KvCacheFormatName(info.param);
-                           return name == "bf16" ? "Bf16" : name == "int2" ? "Int2" : "Codec";
-                         });
+                         ::testing::Values(kBf16Format, kInt2Format, kCodecFormat,
+                                           kCodecFragmentFormat),
+                         FormatName);
 
 }  // namespace
 }  // namespace kvstrata::engine

@@ -91,13 +91,15 @@ inline model::LoadedModel RandomModel(const RandomModelOptions& o) {
 }
 
 // A history codec for the random model's two layers (head_dim 64) for tests of the codec KV
-// format: blocks of different sizes per layer and side, 4/3/2/1-bit regions.
-inline std::shared_ptr<const kernels::HistoryCodec> TestCodec() {
+// format: blocks of different sizes per layer and side, 4/3/2/1-bit regions. With
+// uniform_levels every recipe codes uniform levels (u): the codec fragment blocks.
+inline std::shared_ptr<const kernels::HistoryCodec> TestCodec(bool uniform_levels = false) {
+  const std::string u = uniform_levels ? ":u" : "";
   auto c = std::make_shared<kernels::HistoryCodec>();
   std::string error;
-  kernels::ParseHistoryCodec(
-      "4x16+3x16+2x32:eig:s8:pr|2x32+1x32:eig:s8:pr;1=3x32+2x16+1x16:s8:pr|3x16+2x16+1x32:s8:pr",
-      64, c.get(), &error);
+  kernels::ParseHistoryCodec("4x16+3x16+2x32:eig:s8:pr" + u + "|2x32+1x32:eig:s8:pr" + u +
+                                 ";1=3x32+2x16+1x16:s8:pr" + u + "|3x16+2x16+1x32:s8:pr" + u,
+                             64, c.get(), &error);
   return c;
 }
 

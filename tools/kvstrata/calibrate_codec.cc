@@ -8,7 +8,9 @@
 //   kvstrata generate --kv-format codec --rotations my.P2.safetensors --prompt "..."
 //
 // The defaults (base recipe, ladders, 2.5 bits, four windows of 2,048 tokens) are the recipe
-// of rotations/SmolLM2-135M-Instruct.P2v4.safetensors.
+// of rotations/SmolLM2-135M-Instruct.P2v4.safetensors. With --uniform-levels every recipe codes
+// evenly spaced levels (`u`), measured as such, and the codec is served as codec fragment blocks
+// (page encoding 5, docs/kv-format.md), the layout the GPU decodes without tables.
 
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +18,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -42,6 +46,9 @@ ABSL_FLAG(std::string, codec_value_ladder,
           ";-separated value recipes a layer may take besides the base's");
 ABSL_FLAG(int, sensitivity_context, 2048, "tokens per calibration window");
 ABSL_FLAG(int, sensitivity_windows, 4, "calibration windows the sensitivities average over");
+ABSL_FLAG(bool, uniform_levels, false,
+          "code every recipe (base and ladders) on uniform levels (`u`): the codec is served as "
+          "codec fragment blocks, which the GPU split decode reads without tables");
 ABSL_FLAG(int, parallel_layers, 2,
           "layer measurements run concurrently (each with single-threaded BLAS)");
 
@@ -61,6 +68,17 @@ int RunCalibrateCodec() {
   o.key_ladder = absl::StrSplit(absl::GetFlag(FLAGS_codec_key_ladder), ';', absl::SkipEmpty());
   o.value_ladder =
       absl::StrSplit(absl::GetFlag(FLAGS_codec_value_ladder), ';', absl::SkipEmpty());
+  if (absl::GetFlag(FLAGS_uniform_levels)) {
+    const auto uniform = [](const std::string& recipe) {
+      return absl::StrCat(recipe, absl::EndsWith(recipe, ":u") ? "" : ":u");
+    };
+    const std::vector<std::string> sides = absl::StrSplit(o.base, '|');
+    std::vector<std::string> base;
+    for (const std::string& side : sides) base.push_back(uniform(side));
+    o.base = absl::StrJoin(base, "|");
+    for (std::string& r : o.key_ladder) r = uniform(r);
+    for (std::string& r : o.value_ladder) r = uniform(r);
+  }
   o.bits = absl::GetFlag(FLAGS_bits);
   o.context = absl::GetFlag(FLAGS_sensitivity_context);
   o.windows = absl::GetFlag(FLAGS_sensitivity_windows);

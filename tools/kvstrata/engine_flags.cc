@@ -12,7 +12,9 @@ ABSL_FLAG(std::string, model, "",
           "scripts/fetch-model.sh)");
 ABSL_FLAG(std::string, kv_format, "int2",
           "KV cache format: bf16, int2, int2-lloyd-max or codec (the history codec a rotation "
-          "file carries: per-layer 4/3/2/1-bit regions, about 2.5 bits; CPU only)");
+          "file carries: per-layer 4/3/2/1-bit regions, about 2.5 bits; a codec of uniform levels, "
+          "from calibrate-codec --uniform-levels, is stored as codec fragment blocks, served on "
+          "the CPU only)");
 ABSL_FLAG(std::string, rotations, "",
           "rotation file fitted by kvstrata calibrate; default for INT2 formats (codec: the one "
           "carrying a history codec): the file in "
