@@ -14,8 +14,8 @@
 //      scale s_t then multiplies its score row (fp32);
 //   V: Oᵀ = Vᵀ·(P·s_v)ᵀ with B = p·s_t · ρ_k (· 2^-width), and Δ_b/2 multiplies each output
 //      channel once at the end.
-// The page ratios ρ_k and row scales s_t are LogScaleValue's of the stored codes, computed with
-// one ex2 each.
+// The page ratios ρ_k and row scales s_t are LogScaleValue's of the stored codes, read from a
+// 256-entry table in shared memory that each CTA fills once.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,7 +53,7 @@ __device__ __forceinline__ float FragmentLevelStep(int bits) {
   return bits == 1 ? s1 : bits == 2 ? s2 : bits == 3 ? s3 : s4;
 }
 
-// LogScaleValue of a stored code: 2^((code − 160) / 8), 0 for code 0.
+// LogScaleValue of a stored code: 2^((code − 160) / 8), 0 for code 0 (what the CTA's table holds).
 __device__ __forceinline__ float FragmentScale(uint32_t code) {
   return code == 0 ? 0.0f : ptx::Exp2(static_cast<float>(code) * 0.125f - 20.0f);
 }
@@ -156,7 +156,8 @@ template <int D>
 __device__ __forceinline__ void FragmentPage(FragmentWarpState<D>& st, const uint8_t* stage,
                                              const SplitDecodeCudaParams& p,
                                              const uint32_t (*desc)[D / 16],
-                                             const uint32_t (&bq)[D / 16][2], int lane) {
+                                             const uint32_t (&bq)[D / 16][2],
+                                             const float* scale, int lane) {
   const int g = lane >> 2;
   const uint8_t* kb = stage;
   const uint8_t* vb = stage + kFragmentSideBytes<D>;
@@ -171,7 +172,7 @@ __device__ __forceinline__ void FragmentPage(FragmentWarpState<D>& st, const uin
     const uint32_t d = desc[0][step];
     const int bits = StepBits(d);
     if (bits == 0) continue;
-    const float rho = FragmentScale(kb[ks.ratios + StepRegion(d)]);
+    const float rho = scale[kb[ks.ratios + StepRegion(d)]];
     const uint8_t* base = kb + StepOffset(d);
     switch (bits) {  // warp-uniform
       case 1:
@@ -193,8 +194,8 @@ __device__ __forceinline__ void FragmentPage(FragmentWarpState<D>& st, const uin
   float sk[8], sv[8];
 #pragma unroll
   for (int r = 0; r < 8; ++r) {
-    sk[r] = FragmentScale(kb[ks.row_scales + g + 8 * r]);
-    sv[r] = FragmentScale(vb[vs.row_scales + g + 8 * r]);
+    sk[r] = scale[kb[ks.row_scales + g + 8 * r]];
+    sv[r] = scale[vb[vs.row_scales + g + 8 * r]];
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -248,7 +249,7 @@ __device__ __forceinline__ void FragmentPage(FragmentWarpState<D>& st, const uin
     const uint32_t d = desc[1][mb];
     const int bits = StepBits(d);
     if (bits == 0) continue;
-    const float rho = FragmentScale(vb[vs.ratios + StepRegion(d)]);
+    const float rho = scale[vb[vs.ratios + StepRegion(d)]];
     const uint8_t* base = vb + StepOffset(d);
     switch (bits) {
       case 1:
@@ -303,6 +304,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ float s_q[kMaxGroup][D];
   __shared__ uint32_t s_desc[2][D / 16];
+  __shared__ float s_scale[256];  // LogScaleValue of every scale code
   // After the page loop the stages hold the warps' outputs.
   float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(smem);
 
@@ -338,6 +340,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
   }
+  for (int c = threadIdx.x; c < 256; c += kThreads) s_scale[c] = FragmentScale(c);
   ptx::GridDependencyWait();
   const float qscale = p.sm_scale * kLog2e;
   for (int i = threadIdx.x; i < kMaxGroup * D; i += kThreads) {
@@ -368,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int i = 0; i < my_pages; ++i) {
     ptx::BarrierWait(bars + i % kFragmentStages, (i / kFragmentStages) & 1);
     FragmentPage<D>(st, stages + (i % kFragmentStages) * kFragmentStageBytes<D>, p, s_desc, bq,
-                    lane);
+                    s_scale, lane);
     __syncwarp();
     if (lane == 0 && i + kFragmentStages < my_pages) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before its writes
