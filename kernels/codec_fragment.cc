@@ -1,6 +1,7 @@
 #include "kernels/codec_fragment.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 namespace kvstrata::kernels {
@@ -18,6 +19,27 @@ void ForEachStep(const SideRecipe& r, F&& f) {
       f(step++, static_cast<int>(k), r.regions[k].bits);
     }
   }
+}
+
+// CodecFragmentFieldBit of every (token, channel) of a step, for side `kind` and a part of
+// `width` 1, 2 or 4 bits: the decoder's inner loop reads it instead of computing it.
+const uint16_t* FieldBits(int kind, int width) {
+  using Table = std::array<uint16_t, kCodecFragmentTokens * kCodecFragmentStep>;
+  static const std::array<Table, 6> tables = [] {
+    std::array<Table, 6> t{};
+    for (int kind = 0; kind < 2; ++kind) {
+      for (int w = 0; w < 3; ++w) {
+        for (int token = 0; token < kCodecFragmentTokens; ++token) {
+          for (int c = 0; c < kCodecFragmentStep; ++c) {
+            t[kind * 3 + w][token * kCodecFragmentStep + c] =
+                static_cast<uint16_t>(CodecFragmentFieldBit(kind, 1 << w, token, c));
+          }
+        }
+      }
+    }
+    return t;
+  }();
+  return tables[kind * 3 + (width == 1 ? 0 : width == 2 ? 1 : 2)].data();
 }
 
 }  // namespace
@@ -150,18 +172,23 @@ void DecodeCodecFragmentBlock(const uint8_t* block, int num_tokens, int head_dim
     const float* levels = RecipeLevels(r, bits);
     CodecFragmentPart parts[2];
     const int num_parts = CodecFragmentParts(bits, parts);
+    const uint16_t* low_bits = FieldBits(kind, parts[0].width);
+    const uint8_t* low = block + at;
+    const uint32_t low_mask = (1u << parts[0].width) - 1;
+    // b = 3: the high bit's part follows the low two bits' (128·2 bytes on).
+    const uint16_t* high_bits = num_parts > 1 ? FieldBits(kind, 1) : nullptr;
+    const uint8_t* high = block + at + 128 * parts[0].width;
     for (int t = 0; t < num_tokens; ++t) {
       const float s = CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]);
+      const uint16_t* lb = low_bits + t * kCodecFragmentStep;
+      float* yt = y + int64_t{t} * head_dim;
       for (int c = 0; c < kCodecFragmentStep; ++c) {
-        int code = 0;
-        int64_t part_at = at;
-        for (int p = 0; p < num_parts; ++p) {
-          const int64_t bit = CodecFragmentFieldBit(kind, parts[p].width, t, c);
-          const int field = (block[part_at + bit / 8] >> (bit % 8)) & ((1 << parts[p].width) - 1);
-          code |= field << parts[p].shift;
-          part_at += 128 * parts[p].width;
+        uint32_t code = (low[lb[c] / 8] >> (lb[c] % 8)) & low_mask;
+        if (high_bits != nullptr) {
+          const uint16_t hb = high_bits[t * kCodecFragmentStep + c];
+          code |= ((high[hb / 8] >> (hb % 8)) & 1u) << 2;
         }
-        y[int64_t{t} * head_dim + c] = s * levels[code];
+        yt[c] = s * levels[code];
       }
     }
     at += 128 * bits;
