@@ -364,8 +364,8 @@ std::string Engine::KvFormatString() const {
   // The codec's recipes are in the rotation file, whose digest the namespace holds beside this;
   // the page encoding (codec or codec fragment blocks) follows from them, and is named too.
   if (format == KvCacheFormat::kCodec) {
-    return absl::StrCat(PageEncodingName(cache_->int2_encoding()), "-sink",
-                        l.sink_tokens, "-recent", l.recent_tokens, "-p", l.page_tokens);
+    return absl::StrCat(PageEncodingName(cache_->int2_encoding()), "-sink", l.sink_tokens,
+                        "-recent", l.recent_tokens, "-p", l.page_tokens);
   }
   return absl::StrCat(KvCacheFormatName(format), "-g", cache_->geometry().group_size, "-sink",
                       l.sink_tokens, "-recent", l.recent_tokens, "-p", l.page_tokens);

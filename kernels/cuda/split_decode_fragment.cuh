@@ -156,8 +156,8 @@ template <int D>
 __device__ __forceinline__ void FragmentPage(FragmentWarpState<D>& st, const uint8_t* stage,
                                              const SplitDecodeCudaParams& p,
                                              const uint32_t (*desc)[D / 16],
-                                             const uint32_t (&bq)[D / 16][2],
-                                             const float* scale, int lane) {
+                                             const uint32_t (&bq)[D / 16][2], const float* scale,
+                                             int lane) {
   const int g = lane >> 2;
   const uint8_t* kb = stage;
   const uint8_t* vb = stage + kFragmentSideBytes<D>;

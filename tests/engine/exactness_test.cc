@@ -200,9 +200,8 @@ TEST(CodecFormat, ServedPagesMatchTheEvaluationCodec) {
     Prefill(evaluated, m, rot, KvCacheFormat::kEvalCodec, prompt, 700, /*threads=*/1, codec);
     Prefill(unfolded, m, rot, KvCacheFormat::kCodec, prompt, 700, /*threads=*/1, codec);
     Prefill(bf16, m, rot, KvCacheFormat::kBf16, prompt, 700, /*threads=*/1, codec);
-    EXPECT_EQ(served.cache->int2_encoding(), uniform_levels
-                                                 ? kernels::PageEncoding::kCodecFragment
-                                                 : kernels::PageEncoding::kCodec);
+    EXPECT_EQ(served.cache->int2_encoding(), uniform_levels ? kernels::PageEncoding::kCodecFragment
+                                                            : kernels::PageEncoding::kCodec);
     const float same = MaxAbsDiff(served.last_logits, evaluated.last_logits);
     const float codec_error = MaxAbsDiff(served.last_logits, bf16.last_logits);
     EXPECT_GT(codec_error, 0.0f);
