@@ -60,29 +60,6 @@ int CodecFragmentParts(int bits, CodecFragmentPart* parts) {
   }
 }
 
-int64_t CodecFragmentFieldBit(int kind, int width, int token, int channel) {
-  int lane, group, second, elem;
-  if (kind == 0) {  // a group is a token row; pairs run along channels
-    const int g = token % 8, r = token / 8;
-    second = channel / 8;
-    const int c = channel % 8;
-    lane = 4 * g + c / 2;
-    elem = c % 2;
-    group = r;
-  } else {  // a group is a channel row over one k-step of 16 tokens; pairs run along tokens
-    const int g = channel % 8, h = channel / 8;
-    const int i = token / 16, tt = token % 16;
-    second = tt / 8;
-    const int c = tt % 8;
-    lane = 4 * g + c / 2;
-    elem = c % 2;
-    group = 2 * i + h;
-  }
-  const int per_word = 8 / width;
-  const int word = lane * width + group / per_word;
-  return int64_t{word} * 32 + 16 * elem + 2 * width * (group % per_word) + width * second;
-}
-
 std::string CodecFragmentRecipeUnservable(const SideRecipe& r, int head_dim) {
   if (r.kind == SideRecipe::Kind::kRegions && !r.uniform_levels) {
     return "a fragment block codes uniform levels (u)";

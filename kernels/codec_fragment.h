@@ -33,6 +33,7 @@
 
 #include "kernels/codec_page.h"
 #include "kernels/history_codec.h"
+#include "kernels/numeric.h"
 
 namespace kvstrata::kernels {
 
@@ -51,8 +52,30 @@ struct CodecFragmentPart {
 int CodecFragmentParts(int bits, CodecFragmentPart* parts);
 
 // The bit, within the 32·width words of one part of one step, of the field of (token 0..63,
-// channel 0..15 of the step) for side `kind` (0 = K, 1 = V).
-int64_t CodecFragmentFieldBit(int kind, int width, int token, int channel);
+// channel 0..15 of the step) for side `kind` (0 = K, 1 = V). Host and device (the GPU demotion
+// places the codes with it).
+KV_HOST_DEVICE int64_t CodecFragmentFieldBit(int kind, int width, int token, int channel) {
+  int lane, group, second, elem;
+  if (kind == 0) {  // a group is a token row; pairs run along channels
+    const int g = token % 8, r = token / 8;
+    second = channel / 8;
+    const int c = channel % 8;
+    lane = 4 * g + c / 2;
+    elem = c % 2;
+    group = r;
+  } else {  // a group is a channel row over one k-step of 16 tokens; pairs run along tokens
+    const int g = channel % 8, h = channel / 8;
+    const int i = token / 16, tt = token % 16;
+    second = tt / 8;
+    const int c = tt % 8;
+    lane = 4 * g + c / 2;
+    elem = c % 2;
+    group = 2 * i + h;
+  }
+  const int per_word = 8 / width;
+  const int word = lane * width + group / per_word;
+  return int64_t{word} * 32 + 16 * elem + 2 * width * (group % per_word) + width * second;
+}
 
 // Empty when recipe `r` can be a fragment block's recipe for rows of head_dim (a servable
 // codec recipe with uniform levels whose regions are whole steps); otherwise why not.

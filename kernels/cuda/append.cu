@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/codec_fragment.h"
 #include "kernels/cuda/append.h"
 #include "kernels/cuda/codec_block.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -137,6 +138,46 @@ __global__ void DemoteKernel(DemoteParams p) {
 template <int D>
 constexpr int kCodecBlockMaxBytes = 64 * D / 2 + 16 * kMaxCodecRegions + 64 + 32;
 
+// Token t's codes into a codec fragment block (kernels/codec_fragment.h) in shared memory, as
+// EncodeCodecFragmentBlock places them: per step of 16 channels, per part of the code (b = 3:
+// the low two bits, then the high bit), one field at CodecFragmentFieldBit. The fields of
+// different tokens share words, hence the atomic or.
+template <int D>
+__device__ void DemoteFragmentCodes(const CodecSideLayout& side, int kind,
+                                    const float (*levels)[16], const float* scales,
+                                    const float* x, int t, uint8_t* block) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(block);
+  int c0 = 0, at = 0;  // the step's first channel and byte
+  for (int k = 0; k < side.num_regions; ++k) {
+    const int bits = side.bits[k];
+    const int count = 1 << bits;
+    const float s = codec::RegionScale(scales[block[side.row_scales + t]],
+                                       scales[block[side.ratios + k]]);
+    const float half_s = __fmul_rn(0.5f, s);
+    for (int step = 0; step < side.channels[k] / 16; ++step, c0 += 16) {
+      if (bits == 0) continue;
+      for (int c = 0; c < 16; ++c) {
+        const float v = x[c0 + c];
+        int code = 0;
+        while (code + 1 < count &&
+               v > __fmul_rn(half_s, __fadd_rn(levels[bits][code], levels[bits][code + 1]))) {
+          ++code;
+        }
+        // b = 1, 2, 4: one part; b = 3: bits 0-1 (width 2), then bit 2 (width 1) 256 bytes on.
+        const int low_width = bits == 3 ? 2 : bits;
+        const int64_t low = int64_t{at} * 8 + CodecFragmentFieldBit(kind, low_width, t, c);
+        atomicOr(&words[low / 32],
+                 static_cast<uint32_t>(code & ((1 << low_width) - 1)) << (low % 32));
+        if (bits == 3) {
+          const int64_t high = int64_t{at + 256} * 8 + CodecFragmentFieldBit(kind, 1, t, c);
+          atomicOr(&words[high / 32], static_cast<uint32_t>(code >> 2) << (high % 32));
+        }
+      }
+      at += 128 * bits;  // a dropped region's steps store nothing
+    }
+  }
+}
+
 // One CTA per (page, K|V, KV head) of one layer; 64 threads, one token row each. Every step in
 // EncodeCodecBlock's order and arithmetic: the per-region sums in double, the page's region
 // energies summed over rows in row order, codes by counting the level midpoints below a value.
@@ -162,6 +203,12 @@ __global__ void DemoteCodecKernel(DemoteCodecParams p) {
   __shared__ float s_levels[5][16];
   __shared__ float s_scales[256];
   codec::LoadTables(s_levels, s_scales);
+  __syncthreads();  // the fragment blocks' levels replace the Lloyd-Max ones
+  if (p.fragment) {
+    for (int i = threadIdx.x; i < 5 * 16; i += blockDim.x) {
+      s_levels[i / 16][i % 16] = p.fragment_levels[i / 16][i % 16];
+    }
+  }
   const int t = threadIdx.x;
   for (int i = t; i < side.block_bytes / 16; i += 64) {
     reinterpret_cast<uint4*>(block)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -193,8 +240,11 @@ __global__ void DemoteCodecKernel(DemoteCodecParams p) {
     block[side.ratios + t] = total > 0.0 ? LogScaleCode(static_cast<float>(sqrt(e / total))) : 0;
   }
   __syncthreads();  // the scale codes
+  if (p.fragment) {
+    DemoteFragmentCodes<D>(side, kind, s_levels, s_scales, x[t], t, block);
+  }
   int c0 = 0;
-  for (int k = 0; k < side.num_regions; ++k) {
+  for (int k = 0; k < side.num_regions && !p.fragment; ++k) {
     const int bits = side.bits[k], channels = side.channels[k];
     if (bits > 0) {
       const float* levels = s_levels[bits];
@@ -224,12 +274,27 @@ __global__ void DemoteCodecKernel(DemoteCodecParams p) {
 
 }  // namespace
 
+void SetCodecFragmentLevels(DemoteCodecParams* p) {
+  p->fragment = true;
+  for (int bits = 1; bits <= 4; ++bits) {
+    const float* levels = GaussianUniformLevels(bits);
+    for (int c = 0; c < (1 << bits); ++c) p->fragment_levels[bits][c] = levels[c];
+  }
+}
+
 cudaError_t DemoteCodecPages(const DemoteCodecParams& p, cudaStream_t stream) {
   const KvGeometry& g = p.geometry;
   if (g.page_tokens != 64 || g.num_kv_heads <= 0 || (g.head_dim != 64 && g.head_dim != 128) ||
       !codec::GpuLayoutOk(p.codec, g.head_dim,
                           g.head_dim == 64 ? kCodecBlockMaxBytes<64> : kCodecBlockMaxBytes<128>)) {
     return cudaErrorInvalidValue;
+  }
+  if (p.fragment) {  // regions in whole steps
+    for (const CodecSideLayout& s : p.codec.side) {
+      for (int k = 0; k < s.num_regions; ++k) {
+        if (s.channels[k] % 16 != 0) return cudaErrorInvalidValue;
+      }
+    }
   }
   if (p.num_pages <= 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(p.num_pages * 2 * g.num_kv_heads);

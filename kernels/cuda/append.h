@@ -8,7 +8,8 @@
 //    packed into INT2 pages (all layers and heads of each page in one launch), from their BF16
 //    values exactly as EncodeInt2Block does on the CPU;
 //  * DemoteCodecPages: the same for the codec format's history (one layer a launch: its blocks'
-//    layout is the layer's), byte for byte as EncodeCodecBlock.
+//    layout is the layer's), byte for byte as EncodeCodecBlock, or for codec fragment blocks as
+//    EncodeCodecFragmentBlock.
 
 #include <cuda_runtime.h>
 
@@ -71,8 +72,16 @@ struct DemoteCodecParams {
   const int32_t* num_pages_device = nullptr;  // as DemoteParams::num_pages_device
   KvGeometry geometry;     // num_layers 1 (the layer the pools are offset to), page_tokens 64
   CodecLayerLayout codec;  // that layer's blocks (CodecLayerLayoutFor; codec::GpuLayoutOk)
+  // Codec fragment blocks (kernels/codec_fragment.h; `codec` from CodecFragmentLayerLayoutFor,
+  // regions in whole steps of 16 channels) on the uniform levels `fragment_levels`
+  // [bits][code] (GaussianUniformLevels(bits), as the host computes them: the codes match the
+  // CPU's bit for bit). SetCodecFragmentLevels fills them.
+  bool fragment = false;
+  float fragment_levels[5][16] = {};
   bool overlap_previous = false;
 };
+// params->fragment = true, and the uniform levels in params->fragment_levels.
+void SetCodecFragmentLevels(DemoteCodecParams* params);
 // cudaErrorInvalidValue for a layout the kernels do not take or a head_dim other than 64/128.
 cudaError_t DemoteCodecPages(const DemoteCodecParams& params, cudaStream_t stream);
 

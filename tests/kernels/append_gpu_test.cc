@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "kernels/codec_fragment.h"
 #include "kernels/codec_page.h"
 #include "kernels/cuda/append.h"
 #include "kernels/quant.h"
@@ -145,11 +147,11 @@ TEST(AppendGpu, RotatesWritesAndDemotesLikeTheCpu) {
 }
 
 // The codec format's demotion: BF16 pages into codec blocks, byte for byte EncodeCodecBlock on
-// the same values, for recipes of every bit width (3-bit codes across bytes, a dropped region),
-// rows of very different norms, an all-zero row and an all-zero head, several pages at once and
-// a device-side page count.
-TEST(AppendGpu, DemotesCodecPagesLikeTheCpu) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+// the same values (or, with `fragment`, into codec fragment blocks as EncodeCodecFragmentBlock
+// writes them), for recipes of every bit width (3-bit codes across bytes or in two parts, a
+// dropped region), rows of very different norms, an all-zero row and an all-zero head, several
+// pages at once and a device-side page count.
+void ExpectCodecDemotionLikeTheCpu(bool fragment) {
   const struct {
     int d;
     const char* spec;
@@ -162,11 +164,20 @@ TEST(AppendGpu, DemotesCodecPagesLikeTheCpu) {
     const int d = c.d, heads = 3, pages = 3;
     HistoryCodec codec;
     std::string error;
-    ASSERT_TRUE(ParseHistoryCodec(c.spec, d, &codec, &error)) << error;
+    // Fragment blocks code uniform levels: every recipe with u.
+    std::string spec = c.spec;
+    for (size_t at = spec.find(":pr"); fragment && at != std::string::npos;
+         at = spec.find(":pr", at + 5)) {
+      spec.insert(at + 3, ":u");
+    }
+    ASSERT_TRUE(ParseHistoryCodec(spec, d, &codec, &error)) << error;
+    const auto block_bytes_of = [&](const SideRecipe& r) {
+      return fragment ? CodecFragmentBlockLayoutFor(r).bytes : CodecBlockLayoutFor(r, 64).bytes;
+    };
     const KvGeometry g{1, heads, d, d, 64};
     // A history page of this one layer: K blocks of every head, then V blocks, 64-byte slots.
-    const int64_t kb = CodecBlockLayoutFor(codec.Side(0, 0), 64).bytes;
-    const int64_t vb = CodecBlockLayoutFor(codec.Side(0, 1), 64).bytes;
+    const int64_t kb = block_bytes_of(codec.Side(0, 0));
+    const int64_t vb = block_bytes_of(codec.Side(0, 1));
     const int64_t k0 = kPageHeaderBytes, v0 = k0 + heads * kb;
     const int64_t stride = (v0 + heads * vb + 63) / 64 * 64;
     const int64_t bf16_stride = PageBytes(g, PageEncoding::kBf16);
@@ -201,7 +212,12 @@ TEST(AppendGpu, DemotesCodecPagesLikeTheCpu) {
     dp.num_pages = pages;
     dp.num_pages_device = ToDevice(count);  // the third page is not demoted
     dp.geometry = g;
-    dp.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, k0, v0);
+    if (fragment) {
+      dp.codec = CodecFragmentLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), k0, v0);
+      SetCodecFragmentLevels(&dp);
+    } else {
+      dp.codec = CodecLayerLayoutFor(codec.Side(0, 0), codec.Side(0, 1), 64, k0, v0);
+    }
     ASSERT_EQ(DemoteCodecPages(dp, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(history.data(), dp.history_pool, history.size(), cudaMemcpyDeviceToHost),
@@ -223,21 +239,36 @@ TEST(AppendGpu, DemotesCodecPagesLikeTheCpu) {
                               BlockOffset(g, PageEncoding::kBf16, 0, kind, h),
                           64, g, rows.data());
           std::vector<uint8_t> expect(block_bytes);
-          EncodeCodecBlock(rows.data(), 64, d, r, expect.data());
+          if (fragment) {
+            EncodeCodecFragmentBlock(rows.data(), d, r, kind, expect.data());
+          } else {
+            EncodeCodecBlock(rows.data(), 64, d, r, expect.data());
+          }
           for (int64_t j = 0; j < block_bytes; ++j) mismatch += got[j] != expect[j];
           bytes += block_bytes;
         }
       }
     }
-    EXPECT_EQ(mismatch, 0) << "of " << bytes << " codec bytes (" << c.spec << ")";
-    std::printf("codec demotion, head_dim %d, %s: %lld of %lld bytes differ from the CPU's\n", d,
-                c.spec, static_cast<long long>(mismatch), static_cast<long long>(bytes));
+    EXPECT_EQ(mismatch, 0) << "of " << bytes << " codec bytes (" << spec << ")";
+    std::printf("%s demotion, head_dim %d, %s: %lld of %lld bytes differ from the CPU's\n",
+                fragment ? "codec fragment" : "codec", d, spec.c_str(),
+                static_cast<long long>(mismatch), static_cast<long long>(bytes));
     for (const void* a : {static_cast<const void*>(dp.bf16_pool), static_cast<const void*>(dp.history_pool),
                           static_cast<const void*>(dp.src_slot), static_cast<const void*>(dp.dst_slot),
                           static_cast<const void*>(dp.num_pages_device)}) {
       cudaFree(const_cast<void*>(a));
     }
   }
+}
+
+TEST(AppendGpu, DemotesCodecPagesLikeTheCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ExpectCodecDemotionLikeTheCpu(/*fragment=*/false);
+}
+
+TEST(AppendGpu, DemotesCodecFragmentPagesLikeTheCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  ExpectCodecDemotionLikeTheCpu(/*fragment=*/true);
 }
 
 }  // namespace
