@@ -100,6 +100,14 @@ CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
                             CodecFragmentBlockLayoutFor(v_recipe), k_block0, v_block0);
 }
 
+void CodecFragmentLevelTable(float (&levels)[5][16]) {
+  for (int bits = 0; bits < 5; ++bits) {
+    for (int c = 0; c < 16; ++c) {
+      levels[bits][c] = bits > 0 && c < (1 << bits) ? GaussianUniformLevels(bits)[c] : 0.0f;
+    }
+  }
+}
+
 void EncodeCodecFragmentBlock(const float* rows, int head_dim, const SideRecipe& r, int kind,
                               uint8_t* block) {
   const CodecBlockLayout l = CodecFragmentBlockLayoutFor(r);

@@ -91,6 +91,10 @@ CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
                                              const SideRecipe& v_recipe, int64_t k_block0,
                                              int64_t v_block0);
 
+// GaussianUniformLevels(bits) as a table [bits][code] (bits 1..4; row 0 and codes past 2^bits
+// zero), for the GPU kernels' parameters: their codes and values then match the CPU's exactly.
+void CodecFragmentLevelTable(float (&levels)[5][16]);
+
 // Encodes rows [64][head_dim] (in the codec's basis) into `block`
 // (CodecFragmentBlockLayoutFor(r).bytes bytes), side `kind`.
 void EncodeCodecFragmentBlock(const float* rows, int head_dim, const SideRecipe& r, int kind,

@@ -276,10 +276,7 @@ __global__ void DemoteCodecKernel(DemoteCodecParams p) {
 
 void SetCodecFragmentLevels(DemoteCodecParams* p) {
   p->fragment = true;
-  for (int bits = 1; bits <= 4; ++bits) {
-    const float* levels = GaussianUniformLevels(bits);
-    for (int c = 0; c < (1 << bits); ++c) p->fragment_levels[bits][c] = levels[c];
-  }
+  CodecFragmentLevelTable(p->fragment_levels);
 }
 
 cudaError_t DemoteCodecPages(const DemoteCodecParams& p, cudaStream_t stream) {

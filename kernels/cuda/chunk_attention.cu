@@ -206,6 +206,29 @@ __device__ void StageCodec(Tile<D>& s, const uint8_t* kblock, const uint8_t* vbl
   }
 }
 
+// Codec fragment blocks -> fp16 tiles, the values DecodeCodecFragmentBlock computes, rounded once.
+// Not inlined: inlined, its field arithmetic took the kernel from 217 to 229 registers for every
+// format; called, the other formats' paths keep theirs (214) and only this one saves registers.
+template <int D>
+__device__ __noinline__ void StageCodecFragment(Tile<D>& s, const uint8_t* kblock,
+                                                const uint8_t* vblock, int valid,
+                                                const CodecLayerLayout& layout,
+                                                const float (*levels)[16], const float* scales) {
+  for (int i = threadIdx.x; i < kPage * D / 8; i += kThreads) {
+    const int tok = i / (D / 8), c0 = (i % (D / 8)) * 8;
+    float k[8] = {}, v[8] = {};
+    if (tok < valid) {
+      codec::DecodeEightFragment(kblock, layout.side[0], 0, tok, c0, levels, scales, k);
+      codec::DecodeEightFragment(vblock, layout.side[1], 1, tok, c0, levels, scales, v);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s.k[tok][c0 + j] = __float2half_rn(k[j]);
+      s.vt[c0 + j][tok] = __float2half_rn(v[j]);
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionParams p) {
   const int item = blockIdx.z, head = blockIdx.y, tile = blockIdx.x;
@@ -228,7 +251,14 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
   __shared__ float s_levels[5][16];     // the codec's tables (codec::LoadTables)
   __shared__ float s_scales[256];
   const bool codec_history = p.int2_encoding == PageEncoding::kCodec;
-  if (codec_history) codec::LoadTables(s_levels, s_scales);  // read after the loop's barrier
+  const bool fragment_history = p.int2_encoding == PageEncoding::kCodecFragment;
+  if (codec_history || fragment_history) {  // read after the loop's barrier
+    codec::LoadTables(s_levels, s_scales);
+    // Fragment blocks code uniform levels: each thread rewrites the entries it loaded.
+    for (int i = threadIdx.x; i < 5 * 16 && fragment_history; i += blockDim.x) {
+      s_levels[i / 16][i % 16] = p.fragment_levels[i / 16][i % 16];
+    }
+  }
 
   // Q fragments (A operand, 16 rows x D), scaled so scores come out in the log2 domain.
   uint32_t qa[D / 16][4];
@@ -289,7 +319,12 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
         const uint8_t* base = p.int2_pool + int64_t{slot} * p.int2_stride;
         const uint8_t* kblock = base + BlockOffset(geo, p.int2_encoding, p.layer, 0, kvh);
         const uint8_t* vblock = base + BlockOffset(geo, p.int2_encoding, p.layer, 1, kvh);
-        if (codec_history) {
+        if (fragment_history) {
+          StageCodecFragment<D>(
+              s, base + p.codec.side[0].block0 + int64_t{kvh} * p.codec.side[0].block_bytes,
+              base + p.codec.side[1].block0 + int64_t{kvh} * p.codec.side[1].block_bytes, valid,
+              p.codec, s_levels, s_scales);
+        } else if (codec_history) {
           StageCodec<D>(s, base + p.codec.side[0].block0 + int64_t{kvh} * p.codec.side[0].block_bytes,
                         base + p.codec.side[1].block0 + int64_t{kvh} * p.codec.side[1].block_bytes,
                         valid, p.codec, s_levels, s_scales);
@@ -393,11 +428,18 @@ cudaError_t LaunchChunkAttention(const ChunkAttentionParams& p, cudaStream_t str
   if (g.page_tokens != kPage || g.num_kv_heads <= 0 || p.num_q_heads % g.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
-  const bool codec_history = p.int2_encoding == PageEncoding::kCodec;
+  const bool codec_history = IsCodec(p.int2_encoding);
   if (p.split && (p.int2_pool == nullptr ||
                   (codec_history ? !codec::GpuLayoutOk(p.codec, g.head_dim, 1 << 20)
                                  : g.group_size <= 0 || g.head_dim % g.group_size != 0))) {
     return cudaErrorInvalidValue;
+  }
+  if (p.split && p.int2_encoding == PageEncoding::kCodecFragment) {  // regions in whole steps
+    for (const CodecSideLayout& s : p.codec.side) {
+      for (int k = 0; k < s.num_regions; ++k) {
+        if (s.channels[k] % 16 != 0) return cudaErrorInvalidValue;
+      }
+    }
   }
   const dim3 grid(static_cast<unsigned>((p.max_len + kTileQ - 1) / kTileQ),
                   static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_items));

@@ -44,8 +44,12 @@ struct ChunkAttentionParams {
   int64_t bf16_stride = 0;
   const uint8_t* int2_pool = nullptr;  // null for the BF16 format
   int64_t int2_stride = 0;
-  PageEncoding int2_encoding = PageEncoding::kInt2Uniform;  // or kCodec: the codec format
-  CodecLayerLayout codec;  // kCodec: this layer's blocks (CodecLayerLayoutFor)
+  // or kCodec / kCodecFragment: the codec format's blocks
+  PageEncoding int2_encoding = PageEncoding::kInt2Uniform;
+  // kCodec: this layer's blocks (CodecLayerLayoutFor); kCodecFragment: CodecFragmentLayerLayoutFor
+  CodecLayerLayout codec;
+  // kCodecFragment: the uniform levels [bits][code] (CodecFragmentLevelTable)
+  float fragment_levels[5][16] = {};
 
   // The split layout: sink pages are never INT2; page p (past the sink) is INT2 for queries at
   // positions >= (p + 1) * 64 + recent_tokens - 1. split = false: every page is BF16.

@@ -12,12 +12,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/attention.h"
 #include "engine/kv_cache.h"
+#include "kernels/codec_fragment.h"
+#include "kernels/codec_page.h"
+#include "kernels/history_codec.h"
 #include "kernels/quant.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -76,7 +81,10 @@ T* Copy(const T* host, size_t n) {
 
 // `group_size`: INT2 channels per scale and offset (0: the head, what the engine stores; the
 // kernel stages such pages through per-token tables, smaller groups one element at a time).
-void RunCase(KvCacheFormat format, int d, int group, Case c, int group_size = 0) {
+// `codec`: the codec format's recipes (codec blocks, or codec fragment blocks when they code
+// uniform levels).
+void RunCase(KvCacheFormat format, int d, int group, Case c, int group_size = 0,
+             std::shared_ptr<const HistoryCodec> codec = nullptr) {
   SCOPED_TRACE(absl::StrCat(engine::KvCacheFormatName(format), " d=", d, " group=", group,
                             " pos0=", c.pos0, " n=", c.n, " group_size=", group_size));
   const KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = d,
@@ -86,6 +94,7 @@ void RunCase(KvCacheFormat format, int d, int group, Case c, int group_size = 0)
   o.capacity_bytes = int64_t{96} << 20;
   o.max_sequences = 2;
   o.max_chunk_tokens = 1024;
+  o.codec = codec;
   absl::StatusOr<std::unique_ptr<KvCache>> made = KvCache::Create(g, o);
   ASSERT_TRUE(made.ok()) << made.status();
   KvCache& cache = **made;
@@ -147,6 +156,17 @@ void RunCase(KvCacheFormat format, int d, int group, Case c, int group_size = 0)
   p.int2_pool = d_int2;
   p.int2_stride = cache.split() ? cache.int2_pool()->slot_bytes() : 0;
   p.int2_encoding = cache.int2_encoding();
+  if (codec != nullptr) {
+    const SideRecipe &kr = codec->Side(layer, 0), &vr = codec->Side(layer, 1);
+    const int64_t k0 = cache.HistoryBlockOffset(layer, 0, 0);
+    const int64_t v0 = cache.HistoryBlockOffset(layer, 1, 0);
+    if (p.int2_encoding == PageEncoding::kCodecFragment) {
+      p.codec = CodecFragmentLayerLayoutFor(kr, vr, k0, v0);
+      CodecFragmentLevelTable(p.fragment_levels);
+    } else {
+      p.codec = CodecLayerLayoutFor(kr, vr, 64, k0, v0);
+    }
+  }
   p.split = cache.split();
   p.sink_pages = o.layout.sink_tokens / 64;
   p.recent_tokens = o.layout.recent_tokens;
@@ -190,6 +210,28 @@ TEST(ChunkAttentionGpu, MatchesTheCpuSplitSemantics) {
       // Two scales per token: the element-wise staging.
       if (f != KvCacheFormat::kBf16) {
         for (const Case& c : {cases[1], cases[5]}) RunCase(f, d, 3, c, d / 2);
+      }
+    }
+  }
+}
+
+// The codec format's history, in codec blocks (Lloyd-Max levels) and in codec fragment blocks
+// (the same recipes on uniform levels): the kernel stages their values as the CPU decodes them.
+TEST(ChunkAttentionGpu, MatchesTheCpuWithCodecHistories) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Case cases[] = {{0, 700}, {300, 97}, {700, 1}, {1000, 200}};
+  for (const bool uniform : {false, true}) {
+    for (int d : {64, 128}) {
+      const std::string u = uniform ? ":u" : "";
+      const std::string spec =
+          d == 64 ? "4x16+3x16+2x32:s8:pr" + u + "|3x16+2x16+1x32:s8:pr" + u
+                  : "4x32+3x32+2x64:s8:pr" + u + "|3x32+2x32+1x64:s8:pr" + u +
+                        ";1=3x32+2x64+1x32:s8:pr" + u + "|4x16+2x48+0x64:s8:pr" + u;
+      auto codec = std::make_shared<HistoryCodec>();
+      std::string error;
+      ASSERT_TRUE(ParseHistoryCodec(spec, d, codec.get(), &error)) << error;
+      for (int group : {1, 4}) {
+        for (const Case& c : cases) RunCase(KvCacheFormat::kCodec, d, group, c, 0, codec);
       }
     }
   }
