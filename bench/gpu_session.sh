@@ -4,8 +4,8 @@
 # share /tmp/kvstrata-gpu on the same (warm) machine:
 #
 #   here:   scripts/build.sh && bench/gpu_session.sh pack      # .devpack/: binaries, model parts
-#   there:  bench/gpu_session.sh kernels   (carry .devpack/bin.tar.xz .devpack/model.0)
-#   there:  bench/gpu_session.sh stage 1   (carry .devpack/model.1; one call per middle part)
+#   there:  bench/gpu_session.sh kernels   (carry .devpack/bin.tar.xz)
+#   there:  bench/gpu_session.sh stage 0   (carry .devpack/model.0; one call per part but the last)
 #   there:  bench/gpu_session.sh engine    (carry .devpack/model.N .devpack/model.sha256, N last)
 #
 # pack prints the calls it needs (KVSTRATA_PACK_EXTRA: more binaries to send, such as a
@@ -66,24 +66,23 @@ case $step in
     mkdir -p .devpack
     grep -qxF "/.devpack/" .git/info/exclude || echo "/.devpack/" >>.git/info/exclude
     tar cf - -C .device . | xz -T0 -6 >.devpack/bin.tar.xz
-    # A transfer to that machine holds 64 MiB, the repository (~16 MB) included: the first
-    # part travels with the binaries (~18 MB), the others one per call (36 MiB each, the repository now ~21 MB). (32 MiB + 18 MB +
-    # 16 MB came to just over 64 MiB.)
+    # A transfer to that machine holds 64 MiB, the repository (~22 MB) included: the binaries
+    # (~20 MB) travel alone, then the parts one per call (24 MiB, then 36 MiB each).
     rm -f .devpack/model.[0-9]*
     first=$((24 << 20))
     head -c "$first" "$model" >.devpack/model.0
     tail -c +$((first + 1)) "$model" | split -b $((36 << 20)) -d -a 1 --numeric-suffixes=1 - .devpack/model.
     sha256sum "$model" | cut -d' ' -f1 >.devpack/model.sha256
     last=$(ls .devpack/model.[0-9]* | sed 's/.*model\.//' | sort -n | tail -1)
-    echo "calls: kernels (carry .devpack/bin.tar.xz .devpack/model.0)"
-    for ((i = 1; i < last; i++)); do echo "       stage $i (carry .devpack/model.$i)"; done
+    echo "calls: kernels (carry .devpack/bin.tar.xz)"
+    for ((i = 0; i < last; i++)); do echo "       stage $i (carry .devpack/model.$i)"; done
     echo "       engine (carry .devpack/model.$last .devpack/model.sha256)"
     du -sh .devpack/*
     ;;
   kernels)
     rm -rf "$work" && mkdir -p "$work/device"
     tar xJf .devpack/bin.tar.xz -C "$work/device"
-    cp .devpack/model.0 "$work/"
+    [[ -f .devpack/model.0 ]] && cp .devpack/model.0 "$work/"  # or by `stage 0`
     source "$work/device/env.sh"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
     status=0
