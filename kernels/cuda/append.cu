@@ -286,13 +286,7 @@ cudaError_t DemoteCodecPages(const DemoteCodecParams& p, cudaStream_t stream) {
                           g.head_dim == 64 ? kCodecBlockMaxBytes<64> : kCodecBlockMaxBytes<128>)) {
     return cudaErrorInvalidValue;
   }
-  if (p.fragment) {  // regions in whole steps
-    for (const CodecSideLayout& s : p.codec.side) {
-      for (int k = 0; k < s.num_regions; ++k) {
-        if (s.channels[k] % 16 != 0) return cudaErrorInvalidValue;
-      }
-    }
-  }
+  if (p.fragment && !codec::FragmentStepsOk(p.codec)) return cudaErrorInvalidValue;
   if (p.num_pages <= 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(p.num_pages * 2 * g.num_kv_heads);
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {

@@ -434,12 +434,9 @@ cudaError_t LaunchChunkAttention(const ChunkAttentionParams& p, cudaStream_t str
                                  : g.group_size <= 0 || g.head_dim % g.group_size != 0))) {
     return cudaErrorInvalidValue;
   }
-  if (p.split && p.int2_encoding == PageEncoding::kCodecFragment) {  // regions in whole steps
-    for (const CodecSideLayout& s : p.codec.side) {
-      for (int k = 0; k < s.num_regions; ++k) {
-        if (s.channels[k] % 16 != 0) return cudaErrorInvalidValue;
-      }
-    }
+  if (p.split && p.int2_encoding == PageEncoding::kCodecFragment &&
+      !codec::FragmentStepsOk(p.codec)) {
+    return cudaErrorInvalidValue;
   }
   const dim3 grid(static_cast<unsigned>((p.max_len + kTileQ - 1) / kTileQ),
                   static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.num_items));
