@@ -1,7 +1,10 @@
 // MatmulRows and DequantizeRows with AVX2, FMA and F16C (x86-64-v3: most laptops), the same
-// algorithm as avx512_matmul.cc at 8 lanes: each block of 32 weights is decoded once into four
+// algorithm as avx512_matmul.cc at 8 lanes: each block of 32 weights is decoded into four
 // vectors holding its exact dequantised values (d·q; Q4_1's minimum goes through Σ m·Σx), which
-// then enter four accumulators per row of x, two rows of x per pass (16 registers).
+// then enter four accumulators per row of x. Decode steps (one or two rows of x) decode each
+// block in registers, two rows of x per pass (16 registers); prefill chunks decode a tile of W's
+// rows to fp32 once and pass three rows of x at a time over it. Both sum a row's products in
+// the same order, so a row's result does not depend on the batch.
 
 #include <immintrin.h>
 
@@ -147,8 +150,34 @@ float PlainElement(const uint8_t* row, int64_t c) {
 
 constexpr int64_t kMaxBlocks = 1024;  // cols up to 32768
 
-// M rows of x (1..2) against rows [r0, r1) of W; four accumulators per row (one per quarter
-// of a block), the same whatever M, so a row's sum does not depend on the rows beside it.
+// A row of x against a row of W from its four accumulators (one per quarter of a block, summed
+// block after block): the one place a sum is finished, so every path gives a row the same bits.
+// `mins` and `xsum` are the row's block minimums and x's block sums (Q4_1); `row` and `x` give
+// a plain format's columns past the last full 32.
+template <WeightFormat F>
+float FinishRow(const __m256 (&acc)[4], const float* mins, const float* xsum, int64_t nb,
+                const uint8_t* row, const float* x, int64_t cols) {
+  using B = Blocks<F>;
+  __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  if constexpr (B::kHasMin) {
+    int64_t c = 0;
+    for (; c + 8 <= nb; c += 8) {
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(mins + c), _mm256_loadu_ps(xsum + c), s);
+    }
+    float tail = 0.0f;
+    for (; c < nb; ++c) tail += mins[c] * xsum[c];
+    s = _mm256_add_ps(s, _mm256_setr_ps(tail, 0, 0, 0, 0, 0, 0, 0));
+  }
+  float v = Sum8(s);
+  if constexpr (!IsBlockFormatConst(F)) {
+    for (int64_t c = nb * 32; c < cols; ++c) v += PlainElement<F>(row, c) * x[c];
+  }
+  return v;
+}
+
+// M rows of x (1..2) against rows [r0, r1) of W, decoding each block of W in registers: for
+// decode steps, where each weight is used once or twice. Four accumulators per row of x, the
+// same whatever M, so a row's sum does not depend on the rows beside it.
 template <WeightFormat F, int M>
 void RowsM(const WeightView& w, const float* x, int64_t xs, const float* xsum, int64_t r0,
            int64_t r1, float* y, int64_t ys) {
@@ -173,25 +202,94 @@ void RowsM(const WeightView& w, const float* x, int64_t xs, const float* xsum, i
       }
     }
     for (int i = 0; i < M; ++i) {
-      __m256 s =
-          _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3]));
-      if constexpr (B::kHasMin) {
-        int64_t c = 0;
-        for (; c + 8 <= nb; c += 8) {
-          s = _mm256_fmadd_ps(_mm256_load_ps(mins + c), _mm256_loadu_ps(xsum + i * nb + c), s);
-        }
-        float tail = 0.0f;
-        for (; c < nb; ++c) tail += mins[c] * xsum[i * nb + c];
-        s = _mm256_add_ps(s, _mm256_setr_ps(tail, 0, 0, 0, 0, 0, 0, 0));
-      }
-      float v = Sum8(s);
-      if constexpr (!IsBlockFormatConst(F)) {
-        for (int64_t c = nb * 32; c < w.cols; ++c) v += PlainElement<F>(row, c) * x[i * xs + c];
-      }
-      y[i * ys + (r - r0)] = v;
+      y[i * ys + (r - r0)] =
+          FinishRow<F>(acc[i], mins, xsum == nullptr ? nullptr : xsum + i * nb, nb, row,
+                       x + i * xs, w.cols);
     }
   }
 }
+
+// M rows of x (1..3) against one row of W already decoded to fp32 (`wrow`, the blocks' values
+// less Q4_1's minimums, which are in `mins`): the same products in the same order as RowsM.
+template <WeightFormat F, int M>
+void DecodedRowM(const float* wrow, const float* mins, const uint8_t* row, int64_t cols,
+                 const float* x, int64_t xs, const float* xsum, float* y, int64_t ys) {
+  const int64_t nb = cols / 32;
+  __m256 acc[M][4];
+  for (int i = 0; i < M; ++i) {
+    for (int k = 0; k < 4; ++k) acc[i][k] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256 wv = _mm256_load_ps(wrow + 32 * b + 8 * k);
+      for (int i = 0; i < M; ++i) {
+        acc[i][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * xs + 32 * b + 8 * k), acc[i][k]);
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i) {
+    y[i * ys] = FinishRow<F>(acc[i], mins, xsum == nullptr ? nullptr : xsum + i * nb, nb, row,
+                             x + i * xs, cols);
+  }
+}
+
+// m rows of x against rows [r0, r1) of W for prefill, where each weight meets many tokens: a
+// tile of W's rows is decoded once to fp32 in `scratch` (at most kTileFloats), then every three
+// rows of x (whose 3·cols floats stay in L1) pass over the tile's rows in turn. Decoding in
+// registers for every pair of tokens, as RowsM does, spent most of a prefill decoding.
+constexpr int64_t kTileFloats = 64 * 1024;  // 256 KiB: the tile stays in a core's L2
+
+template <WeightFormat F>
+void RowsTiled(const WeightView& w, const float* x, int m, int64_t xs, const float* xsum,
+               int64_t r0, int64_t r1, float* y, int64_t ys, float* scratch) {
+  using B = Blocks<F>;
+  const int64_t nb = w.cols / 32;
+  const int64_t stride = nb * 32;  // a decoded row: whole blocks only (a tail reads the bytes)
+  const int64_t row_bytes = WeightRowBytes(F, w.cols);
+  const int64_t tile_rows = std::clamp<int64_t>(kTileFloats / (stride + nb), 1, r1 - r0);
+  // (A row wider than the tile budget gets a tile of its own: Rows sizes `scratch` for it.)
+  float* wtile = scratch;
+  float* mins = scratch + tile_rows * stride;
+  for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
+    const int64_t t1 = std::min(r1, t0 + tile_rows);
+    for (int64_t r = t0; r < t1; ++r) {
+      const uint8_t* row = w.data + r * row_bytes;
+      float* out = wtile + (r - t0) * stride;
+      for (int64_t b = 0; b < nb; ++b) {
+        __m256 wv[4];
+        float mn = 0.0f;
+        B::Load(row + b * B::kBytes, wv, &mn);
+        for (int k = 0; k < 4; ++k) _mm256_store_ps(out + 32 * b + 8 * k, wv[k]);
+        mins[(r - t0) * nb + b] = mn;
+      }
+    }
+    for (int i0 = 0; i0 < m; i0 += 3) {
+      const float* xi = x + i0 * xs;
+      const float* si = xsum == nullptr ? nullptr : xsum + i0 * nb;
+      for (int64_t r = t0; r < t1; ++r) {
+        const float* wrow = wtile + (r - t0) * stride;
+        const float* mr = mins + (r - t0) * nb;
+        const uint8_t* row = w.data + r * row_bytes;
+        float* yr = y + i0 * ys + (r - r0);
+        switch (std::min(3, m - i0)) {
+          case 3:
+            DecodedRowM<F, 3>(wrow, mr, row, w.cols, xi, xs, si, yr, ys);
+            break;
+          case 2:
+            DecodedRowM<F, 2>(wrow, mr, row, w.cols, xi, xs, si, yr, ys);
+            break;
+          default:
+            DecodedRowM<F, 1>(wrow, mr, row, w.cols, xi, xs, si, yr, ys);
+        }
+      }
+    }
+  }
+}
+
+// From this many rows of x on, a tile of W is decoded once (at 8 rows the default model's
+// products took 0.78-0.87x the time of decoding in registers, at 512 rows 0.50-0.62x:
+// kvstrata_bench_cpu_kernels, docs/benchmarks.md); one or two rows (decode) stay in registers.
+constexpr int kTiledFromRows = 4;
 
 template <WeightFormat F>
 void Rows(const WeightView& w, const float* x, int m, int64_t xs, int64_t r0, int64_t r1, float* y,
@@ -200,9 +298,15 @@ void Rows(const WeightView& w, const float* x, int m, int64_t xs, int64_t r0, in
   if (Blocks<F>::kHasMin && nb > kMaxBlocks) {  // wider than any model: the portable path
     return portable::MatmulRows(w, x, m, xs, r0, r1, y, ys);
   }
+  // Kernel scratch: x's block sums (Q4_1), then for a tiled pass the decoded tile and its
+  // minimums (32-byte aligned).
+  const int64_t xsum_floats = Blocks<F>::kHasMin ? (static_cast<int64_t>(m) * nb + 7) / 8 * 8 : 0;
+  const bool tiled = m >= kTiledFromRows && nb > 0;
+  const int64_t tile_floats = tiled ? std::max(kTileFloats, nb * 33) + 8 : 0;
+  float* scratch = ThreadScratch(xsum_floats + tile_floats);
   float* xsum = nullptr;
   if constexpr (Blocks<F>::kHasMin) {
-    xsum = ThreadScratch(static_cast<int64_t>(m) * nb);
+    xsum = scratch;
     for (int i = 0; i < m; ++i) {
       for (int64_t b = 0; b < nb; ++b) {
         const float* xb = x + i * xs + 32 * b;
@@ -213,6 +317,7 @@ void Rows(const WeightView& w, const float* x, int m, int64_t xs, int64_t r0, in
       }
     }
   }
+  if (tiled) return RowsTiled<F>(w, x, m, xs, xsum, r0, r1, y, ys, scratch + xsum_floats);
   for (int i0 = 0; i0 < m; i0 += 2) {
     const float* si = xsum == nullptr ? nullptr : xsum + i0 * nb;
     if (m - i0 >= 2) {

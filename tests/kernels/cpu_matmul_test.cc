@@ -144,6 +144,48 @@ TEST_P(CpuMatmulTest, MatchesTheDoubleReferenceOnEveryPath) {
   }
 }
 
+// Prefill multiplies many rows of x at once, decode one or two: a row of x must get the same
+// bits either way (the engine's pages may not depend on how a prompt was chunked), across the
+// paths a kernel picks by the number of rows and across tiles of W's rows.
+TEST_P(CpuMatmulTest, ARowGetsTheSameBitsWhateverTheBatch) {
+  const WeightFormat format = GetParam();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Shape> shapes = ShapesFor(format);
+  shapes.push_back({300, 576});   // several tiles of rows
+  shapes.push_back({90, 1536});
+  for (const Shape& shape : shapes) {
+    const std::vector<uint8_t> bytes = RandomMatrix(format, shape.rows, shape.cols, rng);
+    const WeightView w{format, shape.rows, shape.cols, bytes.data()};
+    const int64_t r0 = shape.rows > 2 ? 1 : 0, r1 = shape.rows, n = r1 - r0;
+    const int m = 41;
+    const int64_t xs = shape.cols + 5;
+    std::vector<float> x(static_cast<size_t>(m * xs));
+    for (float& v : x) v = normal(rng);
+    for (const CpuIsa isa : Isas()) {
+      std::vector<float> alone(static_cast<size_t>(m * n));
+      for (int i = 0; i < m; ++i) {
+        MatmulRows(isa, w, x.data() + i * xs, 1, xs, r0, r1, alone.data() + i * n, n);
+      }
+      for (const int batch : {2, 3, 4, 5, 7, 16, 41}) {
+        SCOPED_TRACE(std::string(CpuIsaName(isa)) + " " + WeightFormatName(format) + " " +
+                     std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
+                     " batch=" + std::to_string(batch));
+        std::vector<float> together(alone.size(), -7.0f);
+        for (int i0 = 0; i0 < m; i0 += batch) {
+          MatmulRows(isa, w, x.data() + i0 * xs, std::min(batch, m - i0), xs, r0, r1,
+                     together.data() + i0 * n, n);
+        }
+        for (size_t at = 0; at < alone.size(); ++at) {
+          ASSERT_EQ(0, std::memcmp(&alone[at], &together[at], sizeof(float)))
+              << "y[" << at / n << "][" << at % n << "]: " << together[at] << " batched, "
+              << alone[at] << " alone";
+        }
+      }
+    }
+  }
+}
+
 TEST_P(CpuMatmulTest, DequantizeRowsIsTheLoadersDecodingBitForBit) {
   const WeightFormat format = GetParam();
   std::mt19937 rng(11);
