@@ -56,23 +56,33 @@ inline Int2Levels LevelsOf(BlockFormat f) {
 }
 
 // scores [rows][64] = scale·q·k for the block's tokens, from the K codes: tokens in lanes, per
-// channel group Σ_c q_c·L[code] and then scale·that + offset·Σ_c q_c.
+// channel group Σ_c q_c·L[code] and then scale·that + offset·Σ_c q_c. The levels of 16 tokens
+// are looked up once for all rows (a prefill chunk brings hundreds), and every row sums the same
+// products in the same order whatever the rows beside it.
 void ScoresInt2(const KvGeometry& g, const KvBlockPair& b, const float* q, int rows, float scale,
                 float* s) {
   const int d = g.head_dim, W = d / 16, G = g.group_size, ng = d / G;
   const uint8_t* params = b.k + 64 * (d / 4);
   const Int2Levels lv = LevelsOf(b.format);
   for (int t0 = 0; t0 < b.num_tokens; t0 += 16) {
-    uint32_t z[8][16];
+    float level[128][16];  // [channel slot 16w + pos][token j]
     float sc[8][16], off[8][16];
     for (int j = 0; j < 16; ++j) {
       const int t = t0 + j;
       const bool valid = t < b.num_tokens;
-      for (int w = 0; w < W; ++w) z[w][j] = valid ? LoadU32(b.k + (int64_t{t} * W + w) * 4) : 0u;
       for (int gi = 0; gi < ng; ++gi) {
         const uint8_t* pp = params + (int64_t{t} * ng + gi) * 4;
         sc[gi][j] = valid ? Fp16ToFloat(LoadU16(pp)) : 0.0f;
         off[gi][j] = valid ? Fp16ToFloat(LoadU16(pp + 2)) : 0.0f;
+      }
+    }
+    for (int w = 0; w < W; ++w) {
+      uint32_t z[16];
+      for (int j = 0; j < 16; ++j) {
+        z[j] = t0 + j < b.num_tokens ? LoadU32(b.k + (int64_t{t0 + j} * W + w) * 4) : 0u;
+      }
+      for (int pos = 0; pos < 16; ++pos) {
+        for (int j = 0; j < 16; ++j) level[16 * w + pos][j] = Level(lv, z[j] >> (2 * pos));
       }
     }
     for (int r = 0; r < rows; ++r) {
@@ -87,7 +97,8 @@ void ScoresInt2(const KvGeometry& g, const KvBlockPair& b, const float* q, int r
           const int c = KChannel(d, w, pos);
           const float qc = qr[c];
           float* a = acc[c / G];
-          for (int j = 0; j < 16; ++j) a[j] += qc * Level(lv, z[w][j] >> (2 * pos));
+          const float* l = level[16 * w + pos];
+          for (int j = 0; j < 16; ++j) a[j] += qc * l[j];
         }
       }
       float* out = s + int64_t{r} * 64 + t0;
@@ -102,9 +113,11 @@ void ScoresInt2(const KvGeometry& g, const KvBlockPair& b, const float* q, int r
 
 // Adds Σ_t p_t·v_t of the V codes to each row's lanes: for code slot a = 8u + z % 8 the 16
 // lanes hold partial sums of one channel (two at head_dim 128: int2_tables.h), then [ng][16]
-// sums Σ_t p_t·offset_t per channel group.
+// sums Σ_t p_t·offset_t per channel group. The block's levels and each lane's scale are
+// gathered once for all rows; a row's weights p_t·scale_t and sums are its own, in one order.
+// `tables` holds 2·128·head_dim floats (the K and V tile AttendBlock does not use for INT2).
 void ValuesInt2(const KvGeometry& g, const KvBlockPair& b, const float* p, int rows,
-                const AttentionState& st) {
+                const AttentionState& st, float* tables) {
   const int d = g.head_dim, G = g.group_size, ng = d / G, nset = d / 32;
   const uint8_t* params = b.v + 64 * (d / 4);
   const Int2Levels lv = LevelsOf(b.format);
@@ -116,6 +129,26 @@ void ValuesInt2(const KvGeometry& g, const KvBlockPair& b, const float* p, int r
       const uint8_t* pp = params + (int64_t{t} * ng + gi) * 4;
       sc[t][gi] = valid ? Fp16ToFloat(LoadU16(pp)) : 0.0f;
       off[t][gi] = valid ? Fp16ToFloat(LoadU16(pp + 2)) : 0.0f;
+    }
+  }
+  // Per code slot (set, e, g8, u) and lane: its level and its token's scale for its channel.
+  const int slots = nset * 2 * 64;  // 2·slots·16 = 2·64·head_dim floats
+  float* level = tables;
+  float* lane_scale = tables + slots * 16;
+  for (int set = 0; set < nset; ++set) {
+    for (int e = 0; e < 2; ++e) {
+      for (int g8 = 0; g8 < 8; ++g8) {
+        uint32_t z[16];
+        for (int j = 0; j < 16; ++j) z[j] = LoadU32(b.v + 64 * (set * 8 + g8) + 4 * j);
+        for (int u = 0; u < 8; ++u) {
+          const int slot = ((set * 2 + e) * 8 + g8) * 8 + u;
+          const int shift = 16 * e + 2 * u;
+          for (int j = 0; j < 16; ++j) {
+            level[slot * 16 + j] = Level(lv, z[j] >> shift);
+            lane_scale[slot * 16 + j] = sc[VToken(d, set, e, j)][VChannel(d, g8, u, j) / G];
+          }
+        }
+      }
     }
   }
   for (int r = 0; r < rows; ++r) {
@@ -133,19 +166,15 @@ void ValuesInt2(const KvGeometry& g, const KvBlockPair& b, const float* p, int r
     }
     for (int set = 0; set < nset; ++set) {
       for (int e = 0; e < 2; ++e) {
+        float pt[16];  // this row's probability of each lane's token
+        for (int j = 0; j < 16; ++j) pt[j] = pr[VToken(d, set, e, j)];
         for (int g8 = 0; g8 < 8; ++g8) {
-          uint32_t z[16];
-          for (int j = 0; j < 16; ++j) z[j] = LoadU32(b.v + 64 * (set * 8 + g8) + 4 * j);
           for (int u = 0; u < 8; ++u) {
-            // The weights p_t·scale_t of this slot's lanes (its channel's group).
-            float w[16];
-            for (int j = 0; j < 16; ++j) {
-              const int t = VToken(d, set, e, j);
-              w[j] = pr[t] * sc[t][VChannel(d, g8, u, j) / G];
-            }
-            float* slot = lanes + (8 * u + g8) * 16;
-            const int shift = 16 * e + 2 * u;
-            for (int j = 0; j < 16; ++j) slot[j] += Level(lv, z[j] >> shift) * w[j];
+            const int slot = ((set * 2 + e) * 8 + g8) * 8 + u;
+            const float* l = level + slot * 16;
+            const float* ls = lane_scale + slot * 16;
+            float* sum = lanes + (8 * u + g8) * 16;
+            for (int j = 0; j < 16; ++j) sum[j] += l[j] * (pt[j] * ls[j]);
           }
         }
       }
@@ -224,7 +253,7 @@ void AttendBlock(const KvGeometry& g, const KvBlockPair& b, const QueryRows& q,
       }
     }
   }
-  if (int2) ValuesInt2(g, b, s, q.rows, st);
+  if (int2) ValuesInt2(g, b, s, q.rows, st, scratch);
 }
 
 void FinishAttentionState(const KvGeometry& g, int rows, const AttentionState& st) {
