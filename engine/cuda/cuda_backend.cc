@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/status_macros.h"
 #include "engine/cuda/cuda_backend_internal.h"
+#include "kernels/codec_fragment.h"
 #include "kernels/codec_page.h"
 #include "kernels/numeric.h"
 
@@ -147,10 +148,24 @@ absl::Status CudaBackend::UploadWeights() {
   }
   if (cache_->options().format == KvCacheFormat::kCodec) {
     const kernels::HistoryCodec& codec = *cache_->options().codec;
+    // Recipes on uniform levels are stored as codec fragment blocks (KvCache::Create checks
+    // that a codec's recipes agree), the others as codec blocks.
+    codec_fragment_ = cache_->int2_encoding() == kernels::PageEncoding::kCodecFragment;
+    if (codec_fragment_) kernels::CodecFragmentLevelTable(fragment_levels_);
     for (int l = 0; l < cfg_.num_layers; ++l) {
+      const int64_t k0 = cache_->HistoryBlockOffset(l, 0, 0), v0 = cache_->HistoryBlockOffset(l, 1, 0);
+      if (codec_fragment_) {
+        codec_layouts_.push_back(
+            kernels::CodecFragmentLayerLayoutFor(codec.Side(l, 0), codec.Side(l, 1), k0, v0));
+        if (!kernels::SplitDecodeTakesCodecFragment(codec_layouts_.back(), cfg_.head_dim)) {
+          return absl::UnimplementedError(absl::StrCat(
+              "the CUDA backend's codec fragment kernels need head_dim 64 or 128 and every "
+              "region of layer ", l, "'s recipes in whole steps of 16 channels"));
+        }
+        continue;
+      }
       codec_layouts_.push_back(kernels::CodecLayerLayoutFor(
-          codec.Side(l, 0), codec.Side(l, 1), cache_->geometry().page_tokens,
-          cache_->HistoryBlockOffset(l, 0, 0), cache_->HistoryBlockOffset(l, 1, 0)));
+          codec.Side(l, 0), codec.Side(l, 1), cache_->geometry().page_tokens, k0, v0));
       if (!kernels::SplitDecodeTakesCodec(codec_layouts_.back(), cfg_.head_dim)) {
         return absl::UnimplementedError(absl::StrCat(
             "the CUDA backend's codec kernels need every region of layer ", l,
@@ -307,13 +322,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedMo
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA backend serves the bf16, int2 and codec KV formats, not ",
         KvCacheFormatName(format)));
-  }
-  if (cache->int2_encoding() == kernels::PageEncoding::kCodecFragment) {
-    // Split decode reads fragment blocks; demotion and chunk attention do not yet.
-    return absl::UnimplementedError(
-        "the CUDA backend does not serve codec fragment blocks (a codec whose recipes code "
-        "uniform levels, u) yet: its demotion and prefill kernels write and read codec blocks "
-        "only; serve this codec on the CPU, or calibrate one with Lloyd-Max levels");
   }
   const kernels::KvGeometry& g = cache->geometry();
   if (format == KvCacheFormat::kInt2 && g.group_size != g.head_dim) {

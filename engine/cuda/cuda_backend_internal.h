@@ -225,6 +225,9 @@ class CudaBackend final : public Backend {
   DeviceBuffer clips_;      // [layers][2][kv_heads]
   // The codec format: each layer's K and V blocks in a history page (CodecLayerLayoutFor).
   std::vector<kernels::CodecLayerLayout> codec_layouts_;
+  // Codec fragment blocks (a codec on uniform levels): their levels [bits][code], as the CPU's.
+  bool codec_fragment_ = false;
+  float fragment_levels_[5][16] = {};
 
   // Activations for max_step_tokens tokens.
   DeviceBuffer x_, hn_, qkv_, q_, k_, v_, qr_, attn_, o_, o_half_, gate_, up_, act_, cos_, sin_;

@@ -139,6 +139,10 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     dp.num_pages_device = plan.demote_count;
     dp.geometry = one_layer;
     dp.codec = codec_layouts_[layer];
+    if (codec_fragment_) {
+      dp.fragment = true;
+      std::memcpy(dp.fragment_levels, fragment_levels_, sizeof(fragment_levels_));
+    }
     dp.overlap_previous = early;
     KV_CUDA_RETURN_IF_ERROR(kernels::DemoteCodecPages(dp, stream_), "DemoteCodecPages");
   } else if (plan.demote_pages > 0) {

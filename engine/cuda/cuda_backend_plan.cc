@@ -210,6 +210,7 @@ void CudaBackend::PlanChunkAttention(const HostPlan& h, Plan* plan) const {
     c.int2_stride = kHistoryUnitBytes;  // HistoryIndex's units
   }
   c.int2_encoding = cache_->int2_encoding();
+  if (codec_fragment_) std::memcpy(c.fragment_levels, fragment_levels_, sizeof(fragment_levels_));
   c.split = split;
   c.sink_pages = static_cast<int>(layout.sink_tokens / geo.page_tokens);
   c.recent_tokens = layout.recent_tokens;

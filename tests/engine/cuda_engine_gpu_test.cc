@@ -24,6 +24,7 @@
 #include "core/page_digest.h"
 #include "engine/cuda/device_page_memory.h"
 #include "engine/engine.h"
+#include "engine/rotations.h"
 #include "model/loader.h"
 
 namespace kvstrata::engine {
@@ -224,6 +225,69 @@ TEST_P(CudaEngineTest, NextTokenDistributionsMatchTheCpuEngine) {
         EXPECT_LE(faithful.mean_kl, 1.1 * cpu_vs_bf16[i].mean_kl) << n << " tokens";
       }
     }
+  }
+}
+
+// A codec on uniform levels (u) is stored as codec fragment blocks: the GPU's demotion writes
+// them, its prefill (chunk attention) and decode (split decode) read them, and the logits follow
+// the CPU engine's on the same rotation file. Prefill in chunks of 256 up to 700 tokens, then
+// one token per pass (decode steps) to 760, past the sink and window so that pages demote.
+TEST_P(CudaEngineTest, CodecFragmentBlocksMatchTheCpuEngine) {
+  if (GetParam() != KvCacheFormat::kCodec) GTEST_SKIP() << "a codec format test";
+  const model::ModelConfig& c = (*model_)->config;
+  RotationFileInfo info{.model_fingerprint = (*model_)->fingerprint};
+  // Regions in whole steps of 16 channels; layer 1 with a recipe of its own.
+  info.history_codec =
+      "4x16+3x16+2x32:eig:s8:pr:u|2x32+1x32:eig:s8:pr:u;"
+      "1=3x32+2x16+1x16:s8:pr:u|3x16+2x16+1x32:s8:pr:u";
+  const std::string path = ::testing::TempDir() + "/kvstrata-codec-fragment.safetensors";
+  ASSERT_TRUE(WriteRotationFile(path, IdentityRotations(c.num_layers, c.num_kv_heads, c.head_dim),
+                                info)
+                  .ok());
+  const auto rotations = [&](EngineOptions& o) { o.rotations_path = path; };
+  std::unique_ptr<Engine> cpu = Make(false, GpuWeights::kAuto, true, true, false, std::nullopt,
+                                     true, rotations);
+  std::unique_ptr<Engine> drifted = Make(false, GpuWeights::kAuto, true, true,
+                                         /*perturbed=*/true, std::nullopt, true, rotations);
+  std::unique_ptr<Engine> gpu = Make(true, GpuWeights::kAuto, true, true, false, std::nullopt,
+                                     true, rotations);
+  ASSERT_TRUE(cpu && drifted && gpu);
+  ASSERT_EQ(gpu->cache().int2_encoding(), kernels::PageEncoding::kCodecFragment);
+  const int vocab = cpu->config().vocab_size;
+  std::vector<int32_t> ids = cpu->EncodeText(Licence("GPL-3"));
+  ASSERT_GT(ids.size(), 760u);
+  ids.resize(760);
+  const auto logits = [&](Engine& e) {
+    SequenceKv seq;
+    EXPECT_TRUE(e.cache().Reserve(seq, static_cast<int64_t>(ids.size())).ok());
+    seq.tokens = ids;
+    std::vector<float> prefill, decode;
+    for (int64_t pos = 0; pos < static_cast<int64_t>(ids.size());) {
+      const int n = pos < 700 ? static_cast<int>(std::min<int64_t>(256, 700 - pos)) : 1;
+      std::vector<float> out;
+      const absl::Status s = e.backend().Forward({{&seq, pos, n, /*all_logits=*/true}}, &out);
+      EXPECT_TRUE(s.ok()) << s;
+      (pos < 700 ? prefill : decode).insert((pos < 700 ? prefill : decode).end(), out.begin(),
+                                             out.end());
+      pos += n;
+    }
+    e.cache().Release(seq);
+    return std::make_pair(prefill, decode);
+  };
+  const auto want = logits(*cpu);
+  const auto drift = logits(*drifted);
+  const auto got = logits(*gpu);
+  const char* part[2] = {"prefill (0-700)", "decode (700-760)"};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float>& w = i == 0 ? want.first : want.second;
+    const Divergence d = Compare(w, i == 0 ? got.first : got.second, vocab);
+    const Divergence moved = Compare(w, i == 0 ? drift.first : drift.second, vocab);
+    fprintf(stderr,
+            "codec fragment blocks, %s: mean KL %.2e, max %.2e, same top token %.2f%%; cpu with "
+            "weights moved by 1e-6: mean KL %.2e\n",
+            part[i], d.mean_kl, d.max_kl, 100 * d.top1_agreement, moved.mean_kl);
+    EXPECT_LE(d.mean_kl, 2 * moved.mean_kl + 1e-3) << part[i];
+    EXPECT_GE(d.top1_agreement, 0.9) << part[i];
   }
 }
 
