@@ -1,7 +1,7 @@
 // MatmulRows and DequantizeRows with AVX2, FMA and F16C (x86-64-v3: most laptops), the same
 // algorithm as avx512_matmul.cc at 8 lanes: each block of 32 weights is decoded into four
 // vectors holding its exact dequantised values (d·q; Q4_1's minimum goes through Σ m·Σx), which
-// then enter four accumulators per row of x. Decode steps (one or two rows of x) decode each
+// then enter four accumulators per row of x. Decode steps (up to three rows of x) decode each
 // block in registers, two rows of x per pass (16 registers); prefill chunks decode a tile of W's
 // rows to fp32 once and pass three rows of x at a time over it. Both sum a row's products in
 // the same order, so a row's result does not depend on the batch.
@@ -288,7 +288,7 @@ void RowsTiled(const WeightView& w, const float* x, int m, int64_t xs, const flo
 
 // From this many rows of x on, a tile of W is decoded once (at 8 rows the default model's
 // products took 0.73-0.87x the time of decoding in registers, at 512 rows 0.50-0.63x:
-// kvstrata_bench_cpu_kernels, docs/benchmarks.md); one or two rows (decode) stay in registers.
+// kvstrata_bench_cpu_kernels, docs/benchmarks.md); up to three rows (decode) stay in registers.
 constexpr int kTiledFromRows = 4;
 
 template <WeightFormat F>

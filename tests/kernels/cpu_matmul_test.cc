@@ -154,6 +154,7 @@ TEST_P(CpuMatmulTest, ARowGetsTheSameBitsWhateverTheBatch) {
   std::vector<Shape> shapes = ShapesFor(format);
   shapes.push_back({300, 576});   // several tiles of rows
   shapes.push_back({90, 1536});
+  shapes.push_back({3, 66048});   // a row wider than a tile's budget: a tile of its own
   for (const Shape& shape : shapes) {
     const std::vector<uint8_t> bytes = RandomMatrix(format, shape.rows, shape.cols, rng);
     const WeightView w{format, shape.rows, shape.cols, bytes.data()};
