@@ -193,7 +193,8 @@ void RowsM(const WeightView& w, const float* x, int64_t xs, const float* xsum, i
     alignas(32) float mins[kMaxBlocks];
     for (int64_t b = 0; b < nb; ++b) {
       __m256 wv[4];
-      B::Load(row + b * B::kBytes, wv, mins + b);
+      // Only Q4_1 has minimums (and a row of it at most kMaxBlocks blocks: Rows checks).
+      B::Load(row + b * B::kBytes, wv, B::kHasMin ? mins + b : nullptr);
       for (int i = 0; i < M; ++i) {
         const float* xi = x + i * xs + 32 * b;
         for (int k = 0; k < 4; ++k) {

@@ -152,7 +152,7 @@ void RowsM(const WeightView& w, const float* x, int64_t xs, const float* xsum, i
       constexpr int a = 2 * decltype(parity)::value;
       const uint8_t* blk = row + b * B::kBytes;
       __m512 lo, hi;
-      B::Load(blk, lo, hi, mins + b);
+      B::Load(blk, lo, hi, B::kHasMin ? mins + b : nullptr);  // Rows bounds Q4_1's width
       for (int i = 0; i < M; ++i) {
         const float* xi = x + i * xs + 32 * b;
         acc[i][a] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xi), acc[i][a]);
@@ -188,6 +188,9 @@ template <WeightFormat F>
 void Rows(const WeightView& w, const float* x, int m, int64_t xs, int64_t r0, int64_t r1, float* y,
           int64_t ys) {
   const int64_t nb = w.cols / 32;
+  if (Blocks<F>::kHasMin && nb > kMaxBlocks) {  // wider than any model: the portable path
+    return portable::MatmulRows(w, x, m, xs, r0, r1, y, ys);
+  }
   float* xsum = nullptr;
   if constexpr (Blocks<F>::kHasMin) {
     xsum = ThreadScratch(static_cast<int64_t>(m) * nb);
