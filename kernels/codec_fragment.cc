@@ -100,6 +100,22 @@ CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
                             CodecFragmentBlockLayoutFor(v_recipe), k_block0, v_block0);
 }
 
+bool CodecFragmentLayoutOk(const CodecLayerLayout& layout) {
+  for (const CodecSideLayout& s : layout.side) {
+    int64_t code_bytes = 0;
+    for (int k = 0; k < s.num_regions; ++k) {
+      if (s.channels[k] % kCodecFragmentStep != 0) return false;
+      code_bytes += int64_t{kCodecFragmentTokens} * kCodecFragmentStep / 8 * s.bits[k] *
+                    (s.channels[k] / kCodecFragmentStep);
+    }
+    if (s.row_scales != code_bytes || s.ratios != s.row_scales + kCodecFragmentTokens ||
+        s.ratios + s.num_regions > s.block_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void CodecFragmentLevelTable(float (&levels)[5][16]) {
   for (int bits = 0; bits < 5; ++bits) {
     for (int c = 0; c < 16; ++c) {

@@ -91,6 +91,11 @@ CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
                                              const SideRecipe& v_recipe, int64_t k_block0,
                                              int64_t v_block0);
 
+// Whether `layout` has a fragment block's shape on both sides: every region whole steps, the
+// codes packed from the block's start right up to the row scales, the page ratios after them
+// within the block. What every GPU kernel that reads or writes fragment blocks checks at launch.
+bool CodecFragmentLayoutOk(const CodecLayerLayout& layout);
+
 // GaussianUniformLevels(bits) as a table [bits][code] (bits 1..4; row 0 and codes past 2^bits
 // zero), for the GPU kernels' parameters: their codes and values then match the CPU's exactly.
 void CodecFragmentLevelTable(float (&levels)[5][16]);

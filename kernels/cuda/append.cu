@@ -286,7 +286,7 @@ cudaError_t DemoteCodecPages(const DemoteCodecParams& p, cudaStream_t stream) {
                           g.head_dim == 64 ? kCodecBlockMaxBytes<64> : kCodecBlockMaxBytes<128>)) {
     return cudaErrorInvalidValue;
   }
-  if (p.fragment && !codec::FragmentStepsOk(p.codec)) return cudaErrorInvalidValue;
+  if (p.fragment && !CodecFragmentLayoutOk(p.codec)) return cudaErrorInvalidValue;
   if (p.num_pages <= 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>(p.num_pages * 2 * g.num_kv_heads);
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {

@@ -435,7 +435,7 @@ cudaError_t LaunchChunkAttention(const ChunkAttentionParams& p, cudaStream_t str
     return cudaErrorInvalidValue;
   }
   if (p.split && p.int2_encoding == PageEncoding::kCodecFragment &&
-      !codec::FragmentStepsOk(p.codec)) {
+      !CodecFragmentLayoutOk(p.codec)) {
     return cudaErrorInvalidValue;
   }
   const dim3 grid(static_cast<unsigned>((p.max_len + kTileQ - 1) / kTileQ),

@@ -117,17 +117,6 @@ __device__ __forceinline__ void DecodeEightFragment(const uint8_t* block, const 
   }
 }
 
-// A codec fragment layout's regions are whole steps of 16 channels (the host checks it before a
-// launch that reads or writes fragment blocks).
-inline bool FragmentStepsOk(const CodecLayerLayout& l) {
-  for (const CodecSideLayout& s : l.side) {
-    for (int k = 0; k < s.num_regions; ++k) {
-      if (s.channels[k] % 16 != 0) return false;
-    }
-  }
-  return true;
-}
-
 // Where a region's pair table (4^bits pairs) starts in its side's tables, the tables before it
 // ending at `end`: at the next multiple of its own size, so that an entry's index within the
 // side's tables is the table's first index ORed with the entry's.

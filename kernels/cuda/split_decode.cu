@@ -337,18 +337,7 @@ bool SplitDecodeTakesCodecFragment(const CodecLayerLayout& layout, int head_dim)
     return false;
   }
   // And a fragment block's own shape: whole steps, the codes right up to the row scales.
-  for (const CodecSideLayout& s : layout.side) {
-    int code_bytes = 0;
-    for (int k = 0; k < s.num_regions; ++k) {
-      if (s.channels[k] % kFragmentStep != 0) return false;
-      code_bytes += 128 * s.bits[k] * (s.channels[k] / kFragmentStep);
-    }
-    if (s.row_scales != code_bytes || s.ratios != s.row_scales + kPageTokens ||
-        s.ratios + s.num_regions > s.block_bytes) {
-      return false;
-    }
-  }
-  return true;
+  return CodecFragmentLayoutOk(layout);
 }
 
 cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodePlan& plan,

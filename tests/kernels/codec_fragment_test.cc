@@ -198,5 +198,30 @@ TEST(CodecFragmentLayout, ExplainsWhatCannotServe) {
   EXPECT_EQ(CodecFragmentRecipeUnservable(Recipe("3x32+2x32:eig:s8:pr:u", 64), 64), "");
 }
 
+// The launch check every fragment kernel makes: the host's layouts pass it, and a layout that
+// is not a fragment block's (a region off the steps, codes not packed up to the row scales, the
+// ratios elsewhere or past the block) fails it.
+TEST(CodecFragmentLayout, LaunchCheckTakesTheHostLayoutsOnly) {
+  const SideRecipe k = Recipe("4x16+3x16+2x32:eig:s8:pr:u", 64);
+  const SideRecipe v = Recipe("2x32+1x16+0x16:s8:pr:u", 64);  // 16 channels dropped
+  const int64_t k_bytes = CodecFragmentBlockLayoutFor(k).bytes;
+  const CodecLayerLayout good = CodecFragmentLayerLayoutFor(k, v, 0, 3 * k_bytes);
+  ASSERT_TRUE(CodecFragmentLayoutOk(good));
+  EXPECT_TRUE(CodecFragmentLayoutOk(CodecFragmentLayerLayoutFor(
+      Recipe("4x32+3x32+2x64:eig:s8:pr:u", 128), Recipe("3x64+2x64:s8:pr:u", 128), 0, 4096)));
+  CodecLayerLayout off_steps = good;
+  off_steps.side[1].channels[0] = 24;
+  EXPECT_FALSE(CodecFragmentLayoutOk(off_steps));
+  CodecLayerLayout scales_moved = good;
+  scales_moved.side[0].row_scales += 1;
+  EXPECT_FALSE(CodecFragmentLayoutOk(scales_moved));
+  CodecLayerLayout ratios_moved = good;
+  ratios_moved.side[1].ratios += 1;
+  EXPECT_FALSE(CodecFragmentLayoutOk(ratios_moved));
+  CodecLayerLayout short_block = good;
+  short_block.side[0].block_bytes = short_block.side[0].ratios + 1;
+  EXPECT_FALSE(CodecFragmentLayoutOk(short_block));
+}
+
 }  // namespace
 }  // namespace kvstrata::kernels
