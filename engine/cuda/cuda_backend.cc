@@ -4,8 +4,6 @@
 
 #include "engine/cuda/cuda_backend.h"
 
-#include <cstdlib>
-
 #include "absl/strings/str_format.h"
 #include "core/check.h"
 #include "core/status_macros.h"
@@ -324,15 +322,6 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const model::LoadedMo
     return absl::UnimplementedError(absl::StrCat(
         "the CUDA backend serves the bf16, int2 and codec KV formats, not ",
         KvCacheFormatName(format)));
-  }
-  if (cache->int2_encoding() == kernels::PageEncoding::kCodecFragment &&
-      std::getenv("KVSTRATA_CUDA_UNVERIFIED_CODEC_FRAGMENT") == nullptr) {
-    // The path is complete, but its GPU tests (AppendGpu, ChunkAttentionGpu and CudaEngineTest
-    // on codec fragment blocks) have not run on a GPU yet; they set the variable to run it.
-    return absl::UnimplementedError(
-        "the CUDA backend does not serve codec fragment blocks (a codec whose recipes code "
-        "uniform levels, u) until its GPU tests have passed; serve this codec on the CPU, or "
-        "calibrate one with Lloyd-Max levels");
   }
   const kernels::KvGeometry& g = cache->geometry();
   if (format == KvCacheFormat::kInt2 && g.group_size != g.head_dim) {

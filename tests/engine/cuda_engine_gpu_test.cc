@@ -246,8 +246,6 @@ TEST_P(CudaEngineTest, CodecFragmentBlocksMatchTheCpuEngine) {
                                 info)
                   .ok());
   const auto rotations = [&](EngineOptions& o) { o.rotations_path = path; };
-  // The CUDA backend refuses these blocks until this test has passed on a GPU.
-  setenv("KVSTRATA_CUDA_UNVERIFIED_CODEC_FRAGMENT", "1", 1);
   std::unique_ptr<Engine> cpu = Make(false, GpuWeights::kAuto, true, true, false, std::nullopt,
                                      true, rotations);
   std::unique_ptr<Engine> drifted = Make(false, GpuWeights::kAuto, true, true,
