@@ -206,25 +206,125 @@ __device__ void StageCodec(Tile<D>& s, const uint8_t* kblock, const uint8_t* vbl
   }
 }
 
+// A lane's words of one part of a fragment step (kernels/codec_fragment.h): `width` words at
+// 4·width·lane bytes into the part.
+template <int W>
+__device__ __forceinline__ void LoadFragmentLane(const uint8_t* part, int lane, uint32_t (&w)[4]) {
+  if constexpr (W == 4) {
+    const uint4 x = *reinterpret_cast<const uint4*>(part + 16 * lane);
+    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+  } else if constexpr (W == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(part + 8 * lane);
+    w[0] = x.x, w[1] = x.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(part + 4 * lane);
+  }
+}
+
+// The field of (group, second pair or first, element) in a lane's words of a part of width W.
+template <int W>
+__device__ __forceinline__ int FragmentField(const uint32_t (&w)[4], int group, int second,
+                                             int elem) {
+  constexpr int kPerWord = 8 / W;
+  return (w[group / kPerWord] >> (16 * elem + 2 * W * (group % kPerWord) + W * second)) &
+         ((1 << W) - 1);
+}
+
+// One lane's share of one step of a fragment block of side Kind (0 = K, 1 = V) of `Bits` bits
+// into the tile: its 8 groups x 2 pairs x 2 elements, each value scale · level as
+// DecodeCodecFragmentBlock computes it, rounded once to fp16; tokens at or past `valid` zero.
+template <int D, int Kind, int Bits>
+__device__ __forceinline__ void StageFragmentLane(Tile<D>& s, const uint8_t* block,
+                                                  const CodecSideLayout& side, int region,
+                                                  const uint8_t* part, int step, int lane,
+                                                  int valid, const float* levels,
+                                                  const float* scales) {
+  uint32_t lo[4] = {}, hi[4] = {};
+  LoadFragmentLane<Bits == 3 ? 2 : Bits>(part, lane, lo);
+  if constexpr (Bits == 3) LoadFragmentLane<1>(part + 256, lane, hi);  // the high bit
+  const float ratio = scales[block[side.ratios + region]];
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int group = 0; group < 8; ++group) {
+#pragma unroll
+    for (int second = 0; second < 2; ++second) {
+      float v[2];
+      int token[2];
+#pragma unroll
+      for (int elem = 0; elem < 2; ++elem) {
+        int code;
+        if constexpr (Bits == 3) {
+          code = FragmentField<2>(lo, group, second, elem) | FragmentField<1>(hi, group, second, elem) << 2;
+        } else {
+          code = FragmentField<Bits>(lo, group, second, elem);
+        }
+        // K: group r is token g + 8r, the pairs channels 2t (+8); V: group 2i + h is channel
+        // 8h + g, the pairs tokens 16i + 2t (+8).
+        token[elem] = Kind == 0 ? g + 8 * group : 16 * (group / 2) + 2 * t + 8 * second + elem;
+        v[elem] = token[elem] < valid
+                      ? codec::RegionScale(scales[block[side.row_scales + token[elem]]], ratio) *
+                            levels[code]
+                      : 0.0f;
+      }
+      const __half2 pair = __floats2half2_rn(v[0], v[1]);
+      if constexpr (Kind == 0) {
+        *reinterpret_cast<__half2*>(&s.k[token[0]][16 * step + 2 * t + 8 * second]) = pair;
+      } else {
+        *reinterpret_cast<__half2*>(&s.vt[16 * step + 8 * (group % 2) + g][token[0]]) = pair;
+      }
+    }
+  }
+}
+
 // Codec fragment blocks -> fp16 tiles, the values DecodeCodecFragmentBlock computes, rounded once.
-// Not inlined: inlined, its field arithmetic took the kernel from 217 to 229 registers for every
-// format; called, the other formats' paths keep theirs (214) and only this one saves registers.
+// A thread takes one lane of one step of one side at a time: a warp reads a part's words as the
+// split decode does, each thread decodes its lane's 32 codes from them. Not inlined: inlined, the
+// staging took the kernel from 217 to 229 registers for every format; called, the other formats'
+// paths keep theirs (214) and only this one saves registers.
 template <int D>
 __device__ __noinline__ void StageCodecFragment(Tile<D>& s, const uint8_t* kblock,
                                                 const uint8_t* vblock, int valid,
                                                 const CodecLayerLayout& layout,
                                                 const float (*levels)[16], const float* scales) {
-  for (int i = threadIdx.x; i < kPage * D / 8; i += kThreads) {
-    const int tok = i / (D / 8), c0 = (i % (D / 8)) * 8;
-    float k[8] = {}, v[8] = {};
-    if (tok < valid) {
-      codec::DecodeEightFragment(kblock, layout.side[0], 0, tok, c0, levels, scales, k);
-      codec::DecodeEightFragment(vblock, layout.side[1], 1, tok, c0, levels, scales, v);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s.k[tok][c0 + j] = __float2half_rn(k[j]);
-      s.vt[c0 + j][tok] = __float2half_rn(v[j]);
+  constexpr int kSteps = D / 16;
+  for (int u = threadIdx.x; u < 2 * kSteps * 32; u += kThreads) {
+    const int kind = u / (kSteps * 32), step = u / 32 % kSteps, lane = u % 32;  // warp-uniform
+    const CodecSideLayout& side = layout.side[kind];
+    const uint8_t* block = kind == 0 ? kblock : vblock;
+    int index = 0;
+    const int region = codec::RegionOf(side, 16 * step, &index);
+    const int bits = side.bits[region];
+    const uint8_t* part = block + side.codes[region] + index / 16 * 128 * bits;
+    const float* l = levels[bits];
+    switch (kind * 8 + bits) {
+#define KVSTRATA_STAGE_FRAGMENT(KIND, BITS)                                                    \
+  case KIND * 8 + BITS:                                                                        \
+    StageFragmentLane<D, KIND, BITS>(s, block, side, region, part, step, lane, valid, l, scales); \
+    break;
+      KVSTRATA_STAGE_FRAGMENT(0, 1)
+      KVSTRATA_STAGE_FRAGMENT(0, 2)
+      KVSTRATA_STAGE_FRAGMENT(0, 3)
+      KVSTRATA_STAGE_FRAGMENT(0, 4)
+      KVSTRATA_STAGE_FRAGMENT(1, 1)
+      KVSTRATA_STAGE_FRAGMENT(1, 2)
+      KVSTRATA_STAGE_FRAGMENT(1, 3)
+      KVSTRATA_STAGE_FRAGMENT(1, 4)
+#undef KVSTRATA_STAGE_FRAGMENT
+      default: {  // a dropped region: zeros
+        const int g = lane >> 2, t = lane & 3;
+        const __half2 zero = __floats2half2_rn(0.0f, 0.0f);
+        for (int group = 0; group < 8; ++group) {
+          for (int second = 0; second < 2; ++second) {
+            if (kind == 0) {
+              *reinterpret_cast<__half2*>(&s.k[g + 8 * group][16 * step + 2 * t + 8 * second]) = zero;
+            } else {
+              *reinterpret_cast<__half2*>(
+                  &s.vt[16 * step + 8 * (group % 2) + g][16 * (group / 2) + 2 * t + 8 * second]) = zero;
+            }
+          }
+        }
+        break;
+      }
     }
   }
 }

@@ -85,38 +85,6 @@ __device__ __forceinline__ void DecodeEight(const uint8_t* block, const CodecSid
   for (int j = 0; j < 8; ++j) out[j] = scale * l[(w >> (j * bits)) & mask];
 }
 
-// The same for a codec fragment block (kernels/codec_fragment.h) of side `kind`: the codes of
-// token t, channels c0 .. c0 + 7 (inside one step of 16), from their fields; `levels` are the
-// uniform ones (CodecFragmentLevelTable).
-__device__ __forceinline__ void DecodeEightFragment(const uint8_t* block, const CodecSideLayout& s,
-                                                    int kind, int t, int c0,
-                                                    const float (*levels)[16],
-                                                    const float* scales, float (&out)[8]) {
-  int index = 0;
-  const int k = RegionOf(s, c0, &index);
-  const int bits = s.bits[k];
-  if (bits == 0) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = 0.0f;
-    return;
-  }
-  const float scale = RegionScale(scales[block[s.row_scales + t]], scales[block[s.ratios + k]]);
-  const uint8_t* step = block + s.codes[k] + index / 16 * 128 * bits;
-  const int low_width = bits == 3 ? 2 : bits;  // b = 3: bits 0-1, then bit 2 256 bytes on
-  const float* l = levels[bits];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int c = index % 16 + j;
-    const int64_t low = CodecFragmentFieldBit(kind, low_width, t, c);
-    int code = (step[low / 8] >> (low % 8)) & ((1 << low_width) - 1);
-    if (bits == 3) {
-      const int64_t high = CodecFragmentFieldBit(kind, 1, t, c);
-      code |= ((step[256 + high / 8] >> (high % 8)) & 1) << 2;
-    }
-    out[j] = scale * l[code];
-  }
-}
-
 // Where a region's pair table (4^bits pairs) starts in its side's tables, the tables before it
 // ending at `end`: at the next multiple of its own size, so that an entry's index within the
 // side's tables is the table's first index ORed with the entry's.
