@@ -19,8 +19,11 @@
 #include <vector>
 
 #include "engine/thread_pool.h"
+#include "kernels/codec_fragment.h"
+#include "kernels/codec_page.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/history_codec.h"
 #include "kernels/quant.h"
 
 namespace kvstrata::kernels::cpu {
@@ -167,6 +170,42 @@ void BM_DecodeInt2Block(benchmark::State& state) {
   }
 }
 
+// A codec page's block of one side (P2v4's base recipe, head_dim 64) decoded into fp32 rows, as
+// the CPU engine does before attending to it: Lloyd-Max levels in codec blocks
+// (DecodeCodecBlock, AVX-512 where the CPU has it), or the same recipe with uniform levels in
+// codec fragment blocks (DecodeCodecFragmentBlock), state.range(0) the side (0 K, 1 V).
+void BM_DecodeCodecBlock(benchmark::State& state, bool fragment) {
+  const int kind = static_cast<int>(state.range(0));
+  const std::string u = fragment ? ":u" : "";
+  HistoryCodec codec;
+  std::string error;
+  if (!ParseHistoryCodec("4x16+3x16+2x32:s8:pr" + u + "|3x16+2x16+1x32:s8:pr" + u, 64, &codec,
+                         &error)) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  const SideRecipe& r = codec.all.side[kind];
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> rows(64 * 64);
+  for (float& x : rows) x = normal(rng);
+  std::vector<uint8_t> block(fragment ? CodecFragmentBlockLayoutFor(r).bytes
+                                      : CodecBlockLayoutFor(r, 64).bytes);
+  if (fragment) {
+    EncodeCodecFragmentBlock(rows.data(), 64, r, kind, block.data());
+  } else {
+    EncodeCodecBlock(rows.data(), 64, 64, r, block.data());
+  }
+  for (auto _ : state) {
+    if (fragment) {
+      DecodeCodecFragmentBlock(block.data(), 64, 64, r, kind, rows.data());
+    } else {
+      DecodeCodecBlock(block.data(), 64, 64, 64, r, rows.data());
+    }
+    benchmark::DoNotOptimize(rows.data());
+  }
+}
+
 // All the matrices of one decode step of SmolLM2-135M (30 layers of Q4_1, the Q8_0 lm_head)
 // at batch m, split over `threads` threads as the engine splits them: the weight bandwidth a
 // step gets.
@@ -256,6 +295,14 @@ void Register() {
     }
   }
   benchmark::RegisterBenchmark("DecodeInt2Block/d64", BM_DecodeInt2Block);
+  for (const bool fragment : {false, true}) {
+    benchmark::RegisterBenchmark(
+        fragment ? "DecodeCodecFragmentBlock/d64" : "DecodeCodecBlock/d64",
+        [fragment](benchmark::State& st) { BM_DecodeCodecBlock(st, fragment); })
+        ->ArgName("side")
+        ->Arg(0)
+        ->Arg(1);
+  }
   benchmark::RegisterBenchmark("DecodeStepWeights", BM_DecodeStepWeights)
       ->ArgNames({"threads", "m"})
       ->Args({1, 1})

@@ -1,7 +1,6 @@
 #include "kernels/codec_fragment.h"
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 
 namespace kvstrata::kernels {
@@ -19,27 +18,6 @@ void ForEachStep(const SideRecipe& r, F&& f) {
       f(step++, static_cast<int>(k), r.regions[k].bits);
     }
   }
-}
-
-// CodecFragmentFieldBit of every (token, channel) of a step, for side `kind` and a part of
-// `width` 1, 2 or 4 bits: the decoder's inner loop reads it instead of computing it.
-const uint16_t* FieldBits(int kind, int width) {
-  using Table = std::array<uint16_t, kCodecFragmentTokens * kCodecFragmentStep>;
-  static const std::array<Table, 6> tables = [] {
-    std::array<Table, 6> t{};
-    for (int kind = 0; kind < 2; ++kind) {
-      for (int w = 0; w < 3; ++w) {
-        for (int token = 0; token < kCodecFragmentTokens; ++token) {
-          for (int c = 0; c < kCodecFragmentStep; ++c) {
-            t[kind * 3 + w][token * kCodecFragmentStep + c] =
-                static_cast<uint16_t>(CodecFragmentFieldBit(kind, 1 << w, token, c));
-          }
-        }
-      }
-    }
-    return t;
-  }();
-  return tables[kind * 3 + (width == 1 ? 0 : width == 2 ? 1 : 2)].data();
 }
 
 }  // namespace
@@ -93,9 +71,8 @@ CodecBlockLayout CodecFragmentBlockLayoutFor(const SideRecipe& r) {
   return l;
 }
 
-CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe,
-                                             const SideRecipe& v_recipe, int64_t k_block0,
-                                             int64_t v_block0) {
+CodecLayerLayout CodecFragmentLayerLayoutFor(const SideRecipe& k_recipe, const SideRecipe& v_recipe,
+                                             int64_t k_block0, int64_t v_block0) {
   return CodecLayerLayoutOf(k_recipe, CodecFragmentBlockLayoutFor(k_recipe), v_recipe,
                             CodecFragmentBlockLayoutFor(v_recipe), k_block0, v_block0);
 }
@@ -128,8 +105,7 @@ void EncodeCodecFragmentBlock(const float* rows, int head_dim, const SideRecipe&
                               uint8_t* block) {
   const CodecBlockLayout l = CodecFragmentBlockLayoutFor(r);
   std::memset(block, 0, static_cast<size_t>(l.bytes));
-  CodecPageScales(rows, kCodecFragmentTokens, head_dim, r, block + l.row_scales,
-                  block + l.ratios);
+  CodecPageScales(rows, kCodecFragmentTokens, head_dim, r, block + l.row_scales, block + l.ratios);
   int64_t at = 0;  // the step's first byte
   ForEachStep(r, [&](int step, int k, int bits) {
     if (bits == 0) return;
@@ -158,10 +134,72 @@ void EncodeCodecFragmentBlock(const float* rows, int head_dim, const SideRecipe&
   });
 }
 
+namespace {
+
+// One part's words for one lane: `W` 32-bit little-endian words at 4·W·lane bytes.
+template <int W>
+void LaneWords(const uint8_t* part, int lane, uint32_t (&w)[4]) {
+  const uint8_t* p = part + 4 * W * lane;
+  for (int m = 0; m < W; ++m, p += 4) {
+    w[m] = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  }
+}
+
+// The field of (group, second pair or first, element) in a lane's words of a part of width W
+// (the inverse of CodecFragmentFieldBit within the lane).
+template <int W>
+inline uint32_t LaneField(const uint32_t (&w)[4], int group, int second, int elem) {
+  constexpr int kPerWord = 8 / W;
+  return (w[group / kPerWord] >> (16 * elem + 2 * W * (group % kPerWord) + W * second)) &
+         ((1u << W) - 1);
+}
+
+// One step of `Bits` bits of side Kind: lane by lane, each lane's 32 codes from its words with
+// constant shifts, into rows [num_tokens][head_dim] at channel 16·step; scale[t] = s_t·ρ_k.
+template <int Kind, int Bits>
+void DecodeFragmentStep(const uint8_t* part, int step, int num_tokens, int head_dim,
+                        const float* scale, const float* levels, float* rows) {
+  for (int lane = 0; lane < 32; ++lane) {
+    uint32_t lo[4] = {}, hi[4] = {};
+    LaneWords<Bits == 3 ? 2 : Bits>(part, lane, lo);
+    if constexpr (Bits == 3) LaneWords<1>(part + 256, lane, hi);  // the high bit
+    const int g = lane >> 2, t = lane & 3;
+#pragma GCC unroll 8
+    for (int group = 0; group < 8; ++group) {
+#pragma GCC unroll 2
+      for (int second = 0; second < 2; ++second) {
+#pragma GCC unroll 2
+        for (int elem = 0; elem < 2; ++elem) {
+          uint32_t code;
+          if constexpr (Bits == 3) {
+            code = LaneField<2>(lo, group, second, elem) | LaneField<1>(hi, group, second, elem)
+                                                               << 2;
+          } else {
+            code = LaneField<Bits>(lo, group, second, elem);
+          }
+          // K: group r is token g + 8r, the pairs channels 2t (+8); V: group 2i + h is channel
+          // 8h + g, the pairs tokens 16i + 2t (+8).
+          const int token =
+              Kind == 0 ? g + 8 * group : 16 * (group / 2) + 2 * t + 8 * second + elem;
+          const int channel = Kind == 0 ? 2 * t + 8 * second + elem : 8 * (group % 2) + g;
+          if (token < num_tokens) {
+            rows[int64_t{token} * head_dim + kCodecFragmentStep * step + channel] =
+                scale[token] * levels[code];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void DecodeCodecFragmentBlock(const uint8_t* block, int num_tokens, int head_dim,
                               const SideRecipe& r, int kind, float* rows) {
   const CodecBlockLayout l = CodecFragmentBlockLayoutFor(r);
   int64_t at = 0;
+  float scale[kCodecFragmentTokens];
+  int scale_region = -1;
   ForEachStep(r, [&](int step, int k, int bits) {
     float* y = rows + kCodecFragmentStep * step;
     if (bits == 0) {
@@ -170,27 +208,39 @@ void DecodeCodecFragmentBlock(const uint8_t* block, int num_tokens, int head_dim
       }
       return;
     }
-    const float* levels = RecipeLevels(r, bits);
-    CodecFragmentPart parts[2];
-    const int num_parts = CodecFragmentParts(bits, parts);
-    const uint16_t* low_bits = FieldBits(kind, parts[0].width);
-    const uint8_t* low = block + at;
-    const uint32_t low_mask = (1u << parts[0].width) - 1;
-    // b = 3: the high bit's part follows the low two bits' (128·2 bytes on).
-    const uint16_t* high_bits = num_parts > 1 ? FieldBits(kind, 1) : nullptr;
-    const uint8_t* high = block + at + 128 * parts[0].width;
-    for (int t = 0; t < num_tokens; ++t) {
-      const float s = CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]);
-      const uint16_t* lb = low_bits + t * kCodecFragmentStep;
-      float* yt = y + int64_t{t} * head_dim;
-      for (int c = 0; c < kCodecFragmentStep; ++c) {
-        uint32_t code = (low[lb[c] / 8] >> (lb[c] % 8)) & low_mask;
-        if (high_bits != nullptr) {
-          const uint16_t hb = high_bits[t * kCodecFragmentStep + c];
-          code |= ((high[hb / 8] >> (hb % 8)) & 1u) << 2;
-        }
-        yt[c] = s * levels[code];
+    if (k != scale_region) {
+      for (int t = 0; t < num_tokens; ++t) {
+        scale[t] = CodecRegionScale(block[l.row_scales + t], block[l.ratios + k]);
       }
+      scale_region = k;
+    }
+    const float* levels = RecipeLevels(r, bits);
+    const uint8_t* part = block + at;
+    switch (kind * 8 + bits) {
+      case 1:
+        DecodeFragmentStep<0, 1>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      case 2:
+        DecodeFragmentStep<0, 2>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      case 3:
+        DecodeFragmentStep<0, 3>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      case 4:
+        DecodeFragmentStep<0, 4>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      case 9:
+        DecodeFragmentStep<1, 1>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      case 10:
+        DecodeFragmentStep<1, 2>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      case 11:
+        DecodeFragmentStep<1, 3>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
+      default:
+        DecodeFragmentStep<1, 4>(part, step, num_tokens, head_dim, scale, levels, rows);
+        break;
     }
     at += 128 * bits;
   });
