@@ -3,8 +3,8 @@
 # committed default under rotations/ and the ablations under the cache folder), evaluates every
 # KV format at 1K-8K context, and plots the result. About 15 min of calibration and 30-40 min of
 # evaluation on 2 CPU cores, plus about 1 h for round 2 and 1 h for its calibration-chosen
-# boosts (docs/fidelity.md), about 2.5 h for round 3 (docs/fidelity.md, "Round 3") and about
-# 25 min for round 5.
+# boosts (docs/fidelity.md), about 2.5 h for round 3 (docs/fidelity.md, "Round 3"), about
+# 25 min for round 5 and 35-80 min for round 6 (its calibration).
 #   scripts/run-fidelity.sh [OUT_DIR]      (default: docs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -196,6 +196,16 @@ PY
   --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round5u.json" \
   > "$out/fidelity2/round5u.txt"
 python3 scripts/fidelity_ci.py --vs turbo3,P2v4 "$out/fidelity2/round5u.json" > "$out/fidelity2/round5u.md"
+# Round 6: a codec allocated under uniform levels (the sensitivities measured with them), served
+# as codec fragment blocks; its rotation file is kept in rotations/ beside P2v4's.
+"$kv" calibrate-codec --uniform-levels --out rotations/SmolLM2-135M-Instruct.P2v4u.safetensors \
+  2>&1 | tee "$out/fidelity2/calibrate-codec-uniform.log"
+"$kv" eval --rotations "$rot" \
+  --formats "P2u=codec-pages:rotations/SmolLM2-135M-Instruct.P2v4u.safetensors" \
+  --contexts 1024,2048,4096,8192 --windows 8,4,6,2 --json "$out/fidelity2/round6.json" \
+  > "$out/fidelity2/round6.txt"
+python3 scripts/fidelity_ci.py --vs turbo3,P2v4u,P2v4 "$out/fidelity2/round5u.json" \
+  "$out/fidelity2/round6.json" > "$out/fidelity2/round6.md"
 python3 scripts/fidelity_ci.py --vs turbo3,P2v4 --only turbo3,P2v4,P2v4-pages \
   "$out"/fidelity2/round3-*.json "$out/fidelity2/round3b.json" "$out/fidelity2/round4.json" \
   > "$out/fidelity2/round4.md"
