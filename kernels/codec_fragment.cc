@@ -145,50 +145,49 @@ void LaneWords(const uint8_t* part, int lane, uint32_t (&w)[4]) {
   }
 }
 
-// The field of (group, second pair or first, element) in a lane's words of a part of width W
-// (the inverse of CodecFragmentFieldBit within the lane).
-template <int W>
-inline uint32_t LaneField(const uint32_t (&w)[4], int group, int second, int elem) {
-  constexpr int kPerWord = 8 / W;
-  return (w[group / kPerWord] >> (16 * elem + 2 * W * (group % kPerWord) + W * second)) &
-         ((1u << W) - 1);
-}
-
 // One step of `Bits` bits of side Kind: lane by lane, each lane's 32 codes from its words with
 // constant shifts, into rows [num_tokens][head_dim] at channel 16·step; scale[t] = s_t·ρ_k.
 template <int Kind, int Bits>
 void DecodeFragmentStep(const uint8_t* part, int step, int num_tokens, int head_dim,
                         const float* scale, const float* levels, float* rows) {
+  constexpr int kLowWidth = Bits == 3 ? 2 : Bits;  // b = 3: bits 0-1, then bit 2 256 bytes on
   for (int lane = 0; lane < 32; ++lane) {
     uint32_t lo[4] = {}, hi[4] = {};
-    LaneWords<Bits == 3 ? 2 : Bits>(part, lane, lo);
+    LaneWords<kLowWidth>(part, lane, lo);
     if constexpr (Bits == 3) LaneWords<1>(part + 256, lane, hi);  // the high bit
-    const int g = lane >> 2, t = lane & 3;
 #pragma GCC unroll 8
     for (int group = 0; group < 8; ++group) {
 #pragma GCC unroll 2
       for (int second = 0; second < 2; ++second) {
 #pragma GCC unroll 2
         for (int elem = 0; elem < 2; ++elem) {
-          uint32_t code;
-          if constexpr (Bits == 3) {
-            code = LaneField<2>(lo, group, second, elem) | LaneField<1>(hi, group, second, elem)
-                                                               << 2;
-          } else {
-            code = LaneField<Bits>(lo, group, second, elem);
-          }
-          // K: group r is token g + 8r, the pairs channels 2t (+8); V: group 2i + h is channel
-          // 8h + g, the pairs tokens 16i + 2t (+8).
-          const int token =
-              Kind == 0 ? g + 8 * group : 16 * (group / 2) + 2 * t + 8 * second + elem;
-          const int channel = Kind == 0 ? 2 * t + 8 * second + elem : 8 * (group % 2) + g;
+          uint32_t code = CodecFragmentLaneField<kLowWidth>(lo, group, second, elem);
+          if constexpr (Bits == 3) code |= CodecFragmentLaneField<1>(hi, group, second, elem) << 2;
+          const int token = CodecFragmentLaneToken(Kind, lane, group, second, elem);
           if (token < num_tokens) {
+            const int channel = CodecFragmentLaneChannel(Kind, lane, group, second, elem);
             rows[int64_t{token} * head_dim + kCodecFragmentStep * step + channel] =
                 scale[token] * levels[code];
           }
         }
       }
     }
+  }
+}
+
+// The same for a step of any bits (1..4).
+template <int Kind>
+void DecodeFragmentStepOf(int bits, const uint8_t* part, int step, int num_tokens, int head_dim,
+                          const float* scale, const float* levels, float* rows) {
+  switch (bits) {
+    case 1:
+      return DecodeFragmentStep<Kind, 1>(part, step, num_tokens, head_dim, scale, levels, rows);
+    case 2:
+      return DecodeFragmentStep<Kind, 2>(part, step, num_tokens, head_dim, scale, levels, rows);
+    case 3:
+      return DecodeFragmentStep<Kind, 3>(part, step, num_tokens, head_dim, scale, levels, rows);
+    default:
+      return DecodeFragmentStep<Kind, 4>(part, step, num_tokens, head_dim, scale, levels, rows);
   }
 }
 
@@ -215,33 +214,9 @@ void DecodeCodecFragmentBlock(const uint8_t* block, int num_tokens, int head_dim
       scale_region = k;
     }
     const float* levels = RecipeLevels(r, bits);
-    const uint8_t* part = block + at;
-    switch (kind * 8 + bits) {
-      case 1:
-        DecodeFragmentStep<0, 1>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      case 2:
-        DecodeFragmentStep<0, 2>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      case 3:
-        DecodeFragmentStep<0, 3>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      case 4:
-        DecodeFragmentStep<0, 4>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      case 9:
-        DecodeFragmentStep<1, 1>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      case 10:
-        DecodeFragmentStep<1, 2>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      case 11:
-        DecodeFragmentStep<1, 3>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-      default:
-        DecodeFragmentStep<1, 4>(part, step, num_tokens, head_dim, scale, levels, rows);
-        break;
-    }
+    (kind == 0 ? DecodeFragmentStepOf<0> : DecodeFragmentStepOf<1>)(bits, block + at, step,
+                                                                    num_tokens, head_dim, scale,
+                                                                    levels, rows);
     at += 128 * bits;
   });
 }

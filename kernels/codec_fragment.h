@@ -77,6 +77,24 @@ KV_HOST_DEVICE int64_t CodecFragmentFieldBit(int kind, int width, int token, int
   return int64_t{word} * 32 + 16 * elem + 2 * width * (group % per_word) + width * second;
 }
 
+// The inverse within one lane, what the decoders use: a lane 4g + t holds, in its `width` words
+// of a part, 8 groups x 2 pairs (first, second) x 2 elements; this is the field of (group,
+// second, elem) in those words (w[0..width)) ...
+template <int W>
+KV_HOST_DEVICE uint32_t CodecFragmentLaneField(const uint32_t (&w)[4], int group, int second,
+                                               int elem) {
+  constexpr int kPerWord = 8 / W;
+  return (w[group / kPerWord] >> (16 * elem + 2 * W * (group % kPerWord) + W * second)) &
+         ((1u << W) - 1);
+}
+// ... and its token (0..63) and channel in the step (0..15), for side `kind`.
+KV_HOST_DEVICE int CodecFragmentLaneToken(int kind, int lane, int group, int second, int elem) {
+  return kind == 0 ? lane / 4 + 8 * group : 16 * (group / 2) + 2 * (lane % 4) + 8 * second + elem;
+}
+KV_HOST_DEVICE int CodecFragmentLaneChannel(int kind, int lane, int group, int second, int elem) {
+  return kind == 0 ? 2 * (lane % 4) + 8 * second + elem : 8 * (group % 2) + lane / 4;
+}
+
 // Empty when recipe `r` can be a fragment block's recipe for rows of head_dim (a servable
 // codec recipe with uniform levels whose regions are whole steps); otherwise why not.
 std::string CodecFragmentRecipeUnservable(const SideRecipe& r, int head_dim);

@@ -9,6 +9,7 @@
 
 #include <random>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,37 @@ TEST(CodecFragmentLayout, FieldsTileEachPartsWords) {
       }
       EXPECT_EQ(bits.size(), 32u * 32 * width);  // 32 lanes x width words, every bit used
       EXPECT_EQ(*bits.rbegin(), 32 * 32 * width - 1);
+    }
+  }
+}
+
+// The decoders' view of a lane (CodecFragmentLaneField, LaneToken, LaneChannel) reads each
+// (token, channel) at exactly the bit CodecFragmentFieldBit places it.
+TEST(CodecFragmentLayout, LaneViewInvertsTheFieldBits) {
+  for (int kind = 0; kind < 2; ++kind) {
+    for (int width : {1, 2, 4}) {
+      std::set<std::pair<int, int>> seen;
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int group = 0; group < 8; ++group) {
+          for (int second = 0; second < 2; ++second) {
+            for (int elem = 0; elem < 2; ++elem) {
+              const int token = CodecFragmentLaneToken(kind, lane, group, second, elem);
+              const int channel = CodecFragmentLaneChannel(kind, lane, group, second, elem);
+              ASSERT_TRUE(seen.insert({token, channel}).second) << token << " " << channel;
+              // One field set in the lane's words: the lane view reads it back, nothing else.
+              const int64_t bit = CodecFragmentFieldBit(kind, width, token, channel);
+              ASSERT_EQ(bit / 32 / width, lane);
+              uint32_t w[4] = {};
+              w[bit / 32 % width] = 1u << (bit % 32);
+              const uint32_t got = width == 1   ? CodecFragmentLaneField<1>(w, group, second, elem)
+                                   : width == 2 ? CodecFragmentLaneField<2>(w, group, second, elem)
+                                                : CodecFragmentLaneField<4>(w, group, second, elem);
+              ASSERT_EQ(got, 1u) << "kind " << kind << " width " << width << " lane " << lane;
+            }
+          }
+        }
+      }
+      EXPECT_EQ(seen.size(), 64u * 16);
     }
   }
 }
