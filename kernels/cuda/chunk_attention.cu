@@ -206,30 +206,6 @@ __device__ void StageCodec(Tile<D>& s, const uint8_t* kblock, const uint8_t* vbl
   }
 }
 
-// A lane's words of one part of a fragment step (kernels/codec_fragment.h): `width` words at
-// 4·width·lane bytes into the part.
-template <int W>
-__device__ __forceinline__ void LoadFragmentLane(const uint8_t* part, int lane, uint32_t (&w)[4]) {
-  if constexpr (W == 4) {
-    const uint4 x = *reinterpret_cast<const uint4*>(part + 16 * lane);
-    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
-  } else if constexpr (W == 2) {
-    const uint2 x = *reinterpret_cast<const uint2*>(part + 8 * lane);
-    w[0] = x.x, w[1] = x.y;
-  } else {
-    w[0] = *reinterpret_cast<const uint32_t*>(part + 4 * lane);
-  }
-}
-
-// The field of (group, second pair or first, element) in a lane's words of a part of width W.
-template <int W>
-__device__ __forceinline__ int FragmentField(const uint32_t (&w)[4], int group, int second,
-                                             int elem) {
-  constexpr int kPerWord = 8 / W;
-  return (w[group / kPerWord] >> (16 * elem + 2 * W * (group % kPerWord) + W * second)) &
-         ((1 << W) - 1);
-}
-
 // One lane's share of one step of a fragment block of side Kind (0 = K, 1 = V) of `Bits` bits
 // into the tile: its 8 groups x 2 pairs x 2 elements, each value scale · level as
 // DecodeCodecFragmentBlock computes it, rounded once to fp16; tokens at or past `valid` zero.
@@ -239,11 +215,11 @@ __device__ __forceinline__ void StageFragmentLane(Tile<D>& s, const uint8_t* blo
                                                   const uint8_t* part, int step, int lane,
                                                   int valid, const float* levels,
                                                   const float* scales) {
+  constexpr int kLowWidth = Bits == 3 ? 2 : Bits;  // b = 3: bits 0-1, then bit 2 256 bytes on
   uint32_t lo[4] = {}, hi[4] = {};
-  LoadFragmentLane<Bits == 3 ? 2 : Bits>(part, lane, lo);
-  if constexpr (Bits == 3) LoadFragmentLane<1>(part + 256, lane, hi);  // the high bit
+  codec::LoadFragmentLane<kLowWidth>(part, lane, lo);
+  if constexpr (Bits == 3) codec::LoadFragmentLane<1>(part + 256, lane, hi);
   const float ratio = scales[block[side.ratios + region]];
-  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int group = 0; group < 8; ++group) {
 #pragma unroll
@@ -252,27 +228,56 @@ __device__ __forceinline__ void StageFragmentLane(Tile<D>& s, const uint8_t* blo
       int token[2];
 #pragma unroll
       for (int elem = 0; elem < 2; ++elem) {
-        int code;
-        if constexpr (Bits == 3) {
-          code = FragmentField<2>(lo, group, second, elem) | FragmentField<1>(hi, group, second, elem) << 2;
-        } else {
-          code = FragmentField<Bits>(lo, group, second, elem);
-        }
-        // K: group r is token g + 8r, the pairs channels 2t (+8); V: group 2i + h is channel
-        // 8h + g, the pairs tokens 16i + 2t (+8).
-        token[elem] = Kind == 0 ? g + 8 * group : 16 * (group / 2) + 2 * t + 8 * second + elem;
+        uint32_t code = CodecFragmentLaneField<kLowWidth>(lo, group, second, elem);
+        if constexpr (Bits == 3) code |= CodecFragmentLaneField<1>(hi, group, second, elem) << 2;
+        token[elem] = CodecFragmentLaneToken(Kind, lane, group, second, elem);
         v[elem] = token[elem] < valid
                       ? codec::RegionScale(scales[block[side.row_scales + token[elem]]], ratio) *
                             levels[code]
                       : 0.0f;
       }
+      // Elements 0 and 1 are neighbours: channels of one token (K), tokens of one channel (V).
+      const int channel = CodecFragmentLaneChannel(Kind, lane, group, second, 0);
       const __half2 pair = __floats2half2_rn(v[0], v[1]);
       if constexpr (Kind == 0) {
-        *reinterpret_cast<__half2*>(&s.k[token[0]][16 * step + 2 * t + 8 * second]) = pair;
+        *reinterpret_cast<__half2*>(&s.k[token[0]][16 * step + channel]) = pair;
       } else {
-        *reinterpret_cast<__half2*>(&s.vt[16 * step + 8 * (group % 2) + g][token[0]]) = pair;
+        *reinterpret_cast<__half2*>(&s.vt[16 * step + channel][token[0]]) = pair;
       }
     }
+  }
+}
+
+// The same for a step of any bits; a dropped region's (0) values are zeros.
+template <int D, int Kind>
+__device__ __forceinline__ void StageFragmentLaneOf(int bits, Tile<D>& s, const uint8_t* block,
+                                                    const CodecSideLayout& side, int region,
+                                                    const uint8_t* part, int step, int lane,
+                                                    int valid, const float* levels,
+                                                    const float* scales) {
+  switch (bits) {
+    case 1:
+      return StageFragmentLane<D, Kind, 1>(s, block, side, region, part, step, lane, valid, levels,
+                                           scales);
+    case 2:
+      return StageFragmentLane<D, Kind, 2>(s, block, side, region, part, step, lane, valid, levels,
+                                           scales);
+    case 3:
+      return StageFragmentLane<D, Kind, 3>(s, block, side, region, part, step, lane, valid, levels,
+                                           scales);
+    case 4:
+      return StageFragmentLane<D, Kind, 4>(s, block, side, region, part, step, lane, valid, levels,
+                                           scales);
+    default:
+      for (int group = 0; group < 8; ++group) {
+        for (int second = 0; second < 2; ++second) {
+          const int token = CodecFragmentLaneToken(Kind, lane, group, second, 0);
+          const int channel = 16 * step + CodecFragmentLaneChannel(Kind, lane, group, second, 0);
+          __half2* pair =
+              reinterpret_cast<__half2*>(Kind == 0 ? &s.k[token][channel] : &s.vt[channel][token]);
+          *pair = __floats2half2_rn(0.0f, 0.0f);
+        }
+      }
   }
 }
 
@@ -296,35 +301,10 @@ __device__ __noinline__ void StageCodecFragment(Tile<D>& s, const uint8_t* kbloc
     const int bits = side.bits[region];
     const uint8_t* part = block + side.codes[region] + index / 16 * 128 * bits;
     const float* l = levels[bits];
-    switch (kind * 8 + bits) {
-#define KVSTRATA_STAGE_FRAGMENT(KIND, BITS)                                                    \
-  case KIND * 8 + BITS:                                                                        \
-    StageFragmentLane<D, KIND, BITS>(s, block, side, region, part, step, lane, valid, l, scales); \
-    break;
-      KVSTRATA_STAGE_FRAGMENT(0, 1)
-      KVSTRATA_STAGE_FRAGMENT(0, 2)
-      KVSTRATA_STAGE_FRAGMENT(0, 3)
-      KVSTRATA_STAGE_FRAGMENT(0, 4)
-      KVSTRATA_STAGE_FRAGMENT(1, 1)
-      KVSTRATA_STAGE_FRAGMENT(1, 2)
-      KVSTRATA_STAGE_FRAGMENT(1, 3)
-      KVSTRATA_STAGE_FRAGMENT(1, 4)
-#undef KVSTRATA_STAGE_FRAGMENT
-      default: {  // a dropped region: zeros
-        const int g = lane >> 2, t = lane & 3;
-        const __half2 zero = __floats2half2_rn(0.0f, 0.0f);
-        for (int group = 0; group < 8; ++group) {
-          for (int second = 0; second < 2; ++second) {
-            if (kind == 0) {
-              *reinterpret_cast<__half2*>(&s.k[g + 8 * group][16 * step + 2 * t + 8 * second]) = zero;
-            } else {
-              *reinterpret_cast<__half2*>(
-                  &s.vt[16 * step + 8 * (group % 2) + g][16 * (group / 2) + 2 * t + 8 * second]) = zero;
-            }
-          }
-        }
-        break;
-      }
+    if (kind == 0) {
+      StageFragmentLaneOf<D, 0>(bits, s, block, side, region, part, step, lane, valid, l, scales);
+    } else {
+      StageFragmentLaneOf<D, 1>(bits, s, block, side, region, part, step, lane, valid, l, scales);
     }
   }
 }
@@ -348,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
 
   __shared__ Tile<D> s;
   __shared__ uint2 s_table[2][kPage];  // StageInt2PerToken's values per (K|V, token)
-  __shared__ float s_levels[5][16];     // the codec's tables (codec::LoadTables)
+  __shared__ float s_levels[5][16];    // the codec's tables (codec::LoadTables)
   __shared__ float s_scales[256];
   const bool codec_history = p.int2_encoding == PageEncoding::kCodec;
   const bool fragment_history = p.int2_encoding == PageEncoding::kCodecFragment;
@@ -365,9 +345,10 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
   {
     const float* qrow[2];
     for (int r = 0; r < 2; ++r) {
-      qrow[r] = row_pos[r] < tq1 ? p.q + (int64_t{p.q_offset[item] + row_pos[r] - pos0} *
-                                              p.num_q_heads + head) * D
-                                 : nullptr;
+      qrow[r] =
+          row_pos[r] < tq1
+              ? p.q + (int64_t{p.q_offset[item] + row_pos[r] - pos0} * p.num_q_heads + head) * D
+              : nullptr;
     }
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
@@ -425,7 +406,8 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
               base + p.codec.side[1].block0 + int64_t{kvh} * p.codec.side[1].block_bytes, valid,
               p.codec, s_levels, s_scales);
         } else if (codec_history) {
-          StageCodec<D>(s, base + p.codec.side[0].block0 + int64_t{kvh} * p.codec.side[0].block_bytes,
+          StageCodec<D>(s,
+                        base + p.codec.side[0].block0 + int64_t{kvh} * p.codec.side[0].block_bytes,
                         base + p.codec.side[1].block0 + int64_t{kvh} * p.codec.side[1].block_bytes,
                         valid, p.codec, s_levels, s_scales);
         } else if (geo.group_size == D) {
@@ -500,7 +482,8 @@ __global__ void __launch_bounds__(kThreads) ChunkAttentionKernel(ChunkAttentionP
                                PackHalf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&s.vt[8 * dt + g][16 * kk + 2 * t]);
+          const uint32_t b0 =
+              *reinterpret_cast<const uint32_t*>(&s.vt[8 * dt + g][16 * kk + 2 * t]);
           const uint32_t b1 =
               *reinterpret_cast<const uint32_t*>(&s.vt[8 * dt + g][16 * kk + 8 + 2 * t]);
           Mma(o[dt], a, b0, b1);

@@ -35,6 +35,21 @@ __device__ __forceinline__ void LoadTables(float (*levels)[16], float* scales) {
   for (int i = threadIdx.x; i < 256; i += blockDim.x) scales[i] = LogScaleValue(i);
 }
 
+// One warp lane's `W` words of one part of a codec fragment step (kernels/codec_fragment.h):
+// one vector load at 4·W·lane bytes into the part; CodecFragmentLaneField takes the codes out.
+template <int W>
+__device__ __forceinline__ void LoadFragmentLane(const uint8_t* part, int lane, uint32_t (&w)[4]) {
+  if constexpr (W == 4) {
+    const uint4 x = *reinterpret_cast<const uint4*>(part + 16 * lane);
+    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+  } else if constexpr (W == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(part + 8 * lane);
+    w[0] = x.x, w[1] = x.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(part + 4 * lane);
+  }
+}
+
 // CodecRegionScale from the two values.
 __device__ __forceinline__ float RegionScale(float row_scale, float ratio) {
   return fmaxf(row_scale * ratio, 1e-30f);

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/codec_fragment.h"
+#include "kernels/cuda/codec_block.cuh"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/split_decode.h"
 #include "kernels/cuda/split_decode_bf16.cuh"
@@ -87,16 +88,8 @@ __device__ __forceinline__ int StepRegion(uint32_t desc) { return desc >> 20; }
 template <int W, int SH>
 __device__ __forceinline__ void DecodePart(const uint8_t* part, int lane, uint32_t (&first)[8],
                                            uint32_t (&second)[8]) {
-  uint32_t w[W];
-  if constexpr (W == 4) {
-    const uint4 x = *reinterpret_cast<const uint4*>(part + 16 * lane);
-    w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
-  } else if constexpr (W == 2) {
-    const uint2 x = *reinterpret_cast<const uint2*>(part + 8 * lane);
-    w[0] = x.x, w[1] = x.y;
-  } else {
-    w[0] = *reinterpret_cast<const uint32_t*>(part + 4 * lane);
-  }
+  uint32_t w[4];
+  codec::LoadFragmentLane<W>(part, lane, w);
   constexpr int kPerWord = 8 / W;
   constexpr uint32_t kLow = ((1u << W) - 1) * 0x00010001u;
   constexpr int L = SH + 1;  // where a group's first field goes: weight 2^L
