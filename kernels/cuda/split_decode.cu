@@ -10,8 +10,9 @@
 //   (w & (3 << 2p)) | 0x6400 = 1024 + 4^p · code        (p < 5; p >= 5 uses w >> 10)
 // The 1024 bias and the 4^p weights are exact in fp16 and are undone on the fp32 side: per
 // token for K (S = offset·Σq + scale·(R - 1024·Σq')), with q' = q / 4^p folded into Q, and
-// per output channel for V. Dequantisation thus costs one logic op per two codes, and the
-// per-token scale and offset never touch the codes.
+// for V by starting each page's products at −1024·Σp' (one more mma per tile) and taking the
+// 4^p weights off per output channel at the end. Dequantisation thus costs one logic op per two
+// codes, and the per-token scale and offset never touch the codes.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -98,7 +98,6 @@ template <int D>
 struct WarpState {
   float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, heads 2t | 2t+1)
   float m[2], l[2];    // running max (log2 units) and Σp (this thread's rows only)
-  float sp[2];         // Σ p·s_v      (this thread's rows)
   float spo[2];        // Σ p·offset_v (this thread's rows)
 };
 
@@ -152,7 +151,6 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
 #pragma unroll
     for (int col = 0; col < 2; ++col) {
       st.l[col] *= alpha[col];
-      st.sp[col] *= alpha[col];
       st.spo[col] *= alpha[col];
 #pragma unroll
       for (int mb = 0; mb < D / 16; ++mb) {
@@ -162,6 +160,7 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
     }
   }
   // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed).
+  uint32_t pb0[4], pb1[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float pv[4];
@@ -174,24 +173,37 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
       st.spo[col] += p * ptx::HalfHi(vp);
       pv[e] = p * ptx::HalfLo(vp);
     }
-    const uint32_t h01 = ptx::PackHalf2(pv[0], pv[1]), h23 = ptx::PackHalf2(pv[2], pv[3]);
-    // Σp' over the fp16 values the mma multiplies: the 1024 bias cancels only against those.
-    st.sp[0] += ptx::HalfLo(h01) + ptx::HalfLo(h23);
-    st.sp[1] += ptx::HalfHi(h01) + ptx::HalfHi(h23);
-    const uint32_t b0 = ptx::Transpose8x8(h01);
-    const uint32_t b1 = ptx::Transpose8x8(h23);
-    // Oᵀ += Vᵀ·P'ᵀ over the 16 tokens of tile i (k-step i).
+    pb0[i] = ptx::Transpose8x8(ptx::PackHalf2(pv[0], pv[1]));
+    pb1[i] = ptx::Transpose8x8(ptx::PackHalf2(pv[2], pv[3]));
+  }
+  // The codes' bias, −1024·Σp' per head over the page's fp16 P' (an mma whose A is −1024
+  // everywhere, so every row of the result holds it), starts each channel tile's product over
+  // the page; the page's sum then joins the warp's in fp32. Carried across pages instead, the
+  // accumulators would hold 1024·Σp' of the whole range, and the tensor cores' accumulation
+  // (which truncates) would lose the codes' part against it as ranges grow.
+  constexpr uint32_t kMinus1024 = 0xE400E400u;
+  float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int mb = 0; mb < D / 16; ++mb) {
-      const int ug = (2 * mb) / 8;
-      const int pl = (2 * mb) % 8, ph = pl + 1;
+  for (int i = 0; i < 4; ++i) {
+    Mma(bias, kMinus1024, kMinus1024, kMinus1024, kMinus1024, pb0[i], pb1[i]);
+  }
+  // Oᵀ += Vᵀ·P'ᵀ over the page's 64 tokens, one 16-channel tile at a time.
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) {
+    float acc[4] = {bias[0], bias[1], bias[2], bias[3]};
+    const int ug = (2 * mb) / 8;
+    const int pl = (2 * mb) % 8, ph = pl + 1;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // k-step i: tokens 16i .. 16i + 15
       const int slot0 = (i * 2 + 0) * (D / 64) + ug, slot1 = (i * 2 + 1) * (D / 64) + ug;
       const uint32_t w0 = Component(r.v[slot0 / 4], slot0 % 4);
       const uint32_t w1 = Component(r.v[slot1 / 4], slot1 % 4);
       const uint32_t w0s = w0 >> 10, w1s = w1 >> 10;
-      Mma(st.o[mb], ExtractPair(w0, w0s, pl), ExtractPair(w0, w0s, ph), ExtractPair(w1, w1s, pl),
-          ExtractPair(w1, w1s, ph), b0, b1);
+      Mma(acc, ExtractPair(w0, w0s, pl), ExtractPair(w0, w0s, ph), ExtractPair(w1, w1s, pl),
+          ExtractPair(w1, w1s, ph), pb0[i], pb1[i]);
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.o[mb][e] += acc[e];
   }
 }
 
@@ -347,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
     st.m[col] = -INFINITY;
-    st.l[col] = st.sp[col] = st.spo[col] = 0.0f;
+    st.l[col] = st.spo[col] = 0.0f;
   }
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
@@ -410,12 +422,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
     for (int x = 4; x <= 16; x <<= 1) {
       st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
-      st.sp[col] += __shfl_xor_sync(0xffffffffu, st.sp[col], x);
       st.spo[col] += __shfl_xor_sync(0xffffffffu, st.spo[col], x);
     }
   }
   __syncthreads();  // every warp is done with the staging area
-  // This warp's unnormalised output per (head, dim): undo the bias and the pair weights.
+  // This warp's unnormalised output per (head, dim): undo the pair weights, add the offsets.
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) {
 #pragma unroll
@@ -423,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       const int col = e & 1, row_half = e >> 1;
       const int d = 16 * mb + g + 8 * row_half;
       const float winv = PairWeightInv((2 * mb + row_half) % 8);
-      s_o[warp][2 * t + col][d] = (st.o[mb][e] - 1024.0f * st.sp[col]) * winv + st.spo[col];
+      s_o[warp][2 * t + col][d] = st.o[mb][e] * winv + st.spo[col];
     }
   }
   if (g == 0) {
