@@ -13,7 +13,7 @@ quantiser's, for 2, 3 and 4 bits:
   python3 -m venv /tmp/venv && /tmp/venv/bin/pip install numpy==2.4.6
   /tmp/venv/bin/python bench/codec_bitplane_levels.py
 
-Measured (docs/benchmarks.md, "A leaner codec decode"): 2 bits 1.000x Lloyd-Max's error (the
+Measured (docs/benchmarks/codec.md, "A leaner codec decode"): 2 bits 1.000x Lloyd-Max's error (the
 2-bit centroids are affine in their two bit planes: -1.5104 + 1.0576 b0 + 1.9632 b1), 3 bits
 1.07x, 4 bits 1.20x; uniform levels 1.01x, 1.08x, 1.22x.
 """

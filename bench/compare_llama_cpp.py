@@ -5,7 +5,7 @@ thread count, interleaved in one run so both see the same machine.
 Run through bench/compare_llama_cpp.sh, which installs the pinned llama-cpp-python in its own
 venv. Each round runs, in alternating order:
   * `kvstrata bench-engine` (a child process): every KV format and batch size of the round, each
-    with its own warm-up request (docs/benchmarks.md describes its timing);
+    with its own warm-up request (docs/benchmarks/cpu.md describes its timing);
   * llama.cpp through llama-cpp-python's low-level API on the token ids bench-engine used (read
     from its JSON), for each batch size and each flash-attention setting: one warm-up, then B
     prompts prefilled one after the other in chunks of 512 tokens (prefill time ends when every

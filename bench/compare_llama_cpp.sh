@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kvstrata's CPU engine side by side with llama.cpp on the same GGUF file, prompt tokens and
-# thread count (docs/benchmarks.md, "CPU engine": "Against llama.cpp").
+# thread count (docs/benchmarks/cpu.md, "CPU engine": "Against llama.cpp").
 #
 #   bench/compare_llama_cpp.sh [--rounds N] [--out FILE] [compare_llama_cpp.py flags...]
 #

@@ -5,7 +5,7 @@
 //
 //   build/bin/kvstrata_bench_cpu_kernels [--benchmark_filter=...]
 //
-// docs/benchmarks.md ("CPU kernels") has a run. The weights are random bytes in the file's
+// docs/benchmarks/cpu.md ("CPU kernels") has a run. The weights are random bytes in the file's
 // block formats, several times the last-level cache in total so each product streams from
 // memory as in a decode step.
 

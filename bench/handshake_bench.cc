@@ -1,8 +1,8 @@
 // kvstrata_bench_handshake: where the time of OpenTransfer's same-GPU handshake goes, on the CPU
-// (docs/benchmarks.md "GPU: fetching a prefix from the GPU kvstore" has the GPU figure). A real
-// PageStore with its fast tier in host memory (the HBM pool's stand-in: the store's work per
-// page is the same, only the memory differs) and the real KvStoreService, served in this process
-// on loopback gRPC, hold a chain of pages. For each prefix length and each request form the
+// (docs/benchmarks/kvstore-gpu.md "GPU: fetching a prefix from the GPU kvstore" has the GPU
+// figure). A real PageStore with its fast tier in host memory (the HBM pool's stand-in: the store's
+// work per page is the same, only the memory differs) and the real KvStoreService, served in this
+// process on loopback gRPC, hold a chain of pages. For each prefix length and each request form the
 // benchmark times, median of --rounds:
 //   rpc        the whole OpenTransfer call over loopback gRPC as a worker makes it, from filling
 //              the request to the parsed answer

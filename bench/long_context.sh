@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 8B-scale study on one GPU: whole decode steps of the CUDA engine at 8K-128K contexts, INT2
 # against BF16, beside the physical floor and beside torch/transformers on the same synthetic
-# model (docs/benchmarks.md, "Decode steps at 8B scale"). From the repository root:
+# model (docs/benchmarks/engine-gpu.md, "Decode steps at 8B scale"). From the repository root:
 #
 #   here:   scripts/build.sh && bench/long_context.sh pack      # .devpack-8b/: the benchmark
 #   there:  bench/long_context.sh decode    (carry .devpack-8b)  # kvstrata decode steps

@@ -4,8 +4,8 @@
   python3 bench/long_context_report.py docs/data/h200-8b-synthetic
 
 reads long-context-decode.json, long-context-torch.json and long-context-prefill*.json in that
-folder and prints the tables docs/benchmarks.md carries. Gaps are the median step time minus
-the kernels CUPTI recorded in the profiled steps of the same point.
+folder and prints the tables docs/benchmarks/engine-gpu.md carries. Gaps are the median step
+time minus the kernels CUPTI recorded in the profiled steps of the same point.
 """
 import glob
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns the JSON lines of bench/gpu_session.sh attention (or bench/run_gpu_bench.sh) into the
-markdown tables of docs/benchmarks.md.
+markdown tables of docs/benchmarks/attention.md.
 
     bench/report.py DIR [INT2_STEP]
     bench/report.py DIR --steps

@@ -1,8 +1,8 @@
 // kvstrata_bench_transport: the same-GPU transport against the gRPC byte stream, on one GPU
-// (docs/benchmarks.md "GPU: fetching a prefix from the GPU kvstore"). Starts kvstrata-kvstore
-// --device cuda:0 as its own process, publishes a chain of pages of a Qwen3-8B-shaped INT2
-// page (36 layers, 8 KV heads of 128, 64 tokens: 1.47 MB), maps the store's HBM pool once over
-// its pool socket, then for each prefix length times:
+// (docs/benchmarks/kvstore-gpu.md "GPU: fetching a prefix from the GPU kvstore"). Starts
+// kvstrata-kvstore --device cuda:0 as its own process, publishes a chain of pages of a
+// Qwen3-8B-shaped INT2 page (36 layers, 8 KV heads of 128, 64 tokens: 1.47 MB), maps the store's
+// HBM pool once over its pool socket, then for each prefix length times:
 //   handshake  OpenTransfer: the lease, the pages moved up if needed, their pool offsets; the
 //              pages named as a chain (what workers send), and for comparison by every key
 //              (compact arrays, and page headers)

@@ -79,7 +79,7 @@ struct EngineOptions {
   bool gpu_gemv = true;
   // cuda: at 1-2 tokens that kernel is launched as a programmatic dependent of the one before
   // it, so it streams its first weights while that one finishes (-0.25 ms a step of the 8B
-  // model at batch 1, docs/benchmarks.md); false: after it, as a plain launch.
+  // model at batch 1, docs/benchmarks/engine-gpu.md); false: after it, as a plain launch.
   bool gpu_gemv_overlap = true;
   // cuda: at 1-2 tokens, with the two options above and gpu_fused_layer_ops, each layer's two
   // RMS norms run inside the GEMV after them (its CTAs normalise the row into shared memory)

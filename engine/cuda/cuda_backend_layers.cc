@@ -17,7 +17,7 @@ absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, i
     kernels::GemvVariant variant;
     // Overlapping the kernel before wins at 1-2 rows and loses at 4 (the early CTAs crowd the
     // wider kernels in front); one wave bought nothing beside it (kvstrata_bench_gemv,
-    // docs/benchmarks.md).
+    // docs/benchmarks/engine-gpu.md).
     variant.overlap_previous = options_.gemv_overlap && rows <= 2;
     KV_CUDA_RETURN_IF_ERROR(
         kernels::Gemv(x, rows, in, w, out, y, accumulate, type_, stream_, variant), "Gemv");

@@ -289,7 +289,7 @@ void RowsTiled(const WeightView& w, const float* x, int m, int64_t xs, const flo
 
 // From this many rows of x on, a tile of W is decoded once (at 8 rows the default model's
 // products took 0.73-0.87x the time of decoding in registers, at 512 rows 0.50-0.63x:
-// kvstrata_bench_cpu_kernels, docs/benchmarks.md); up to three rows (decode) stay in registers.
+// kvstrata_bench_cpu_kernels, docs/benchmarks/cpu.md); up to three rows (decode) stay in registers.
 constexpr int kTiledFromRows = 4;
 
 template <WeightFormat F>

@@ -2,7 +2,7 @@
 // -mavx512vl -mavx512vbmi -mfma -mf16c). The weights are read block by block where the file has
 // them: per block of 32 elements one 16-byte load of the codes, two conversions to fp32, two
 // FMAs per row of x and one FMA to apply the block's scale, which keeps a decode step at the
-// speed of memory (docs/benchmarks.md).
+// speed of memory (docs/benchmarks/cpu.md).
 
 #include <immintrin.h>
 

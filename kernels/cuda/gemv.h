@@ -21,8 +21,8 @@ inline constexpr int kGemvMaxRows = 4;
 bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w);
 
 // How the kernel is launched. The defaults are the form measured end to end on the H200
-// (docs/benchmarks.md); the other two are written and CPU-compiled but not yet run on a GPU
-// (kvstrata_bench_gemv and the GPU test measure and check them side by side).
+// (docs/benchmarks/engine-gpu.md); the other two are written and CPU-compiled but not yet run on a
+// GPU (kvstrata_bench_gemv and the GPU test measure and check them side by side).
 struct GemvVariant {
   // At most one wave of CTAs, each warp taking rows n, n + warps of the grid, ...; false: one
   // warp per row, as many CTAs as that takes (the tail wave runs part-empty).

@@ -45,7 +45,8 @@ struct SplitDecodeCudaParams {
 };
 
 // Which kernels a launch uses. The defaults are the fastest; the others are kept so that the
-// benchmark can measure what each step bought, side by side in one run (docs/benchmarks.md).
+// benchmark can measure what each step bought, side by side in one run
+// (docs/benchmarks/attention.md).
 struct SplitDecodeVariant {
   bool bf16_tensor_cores = true;  // BF16 pages (window, BF16 history) on mma; else fp32 math
   bool fuse_window = true;        // window pages as extra CTAs of the history launch when they
@@ -59,8 +60,8 @@ struct SplitDecodeVariant {
   bool int2_overlap_pages = false;
   // INT2 history: one page per warp in the launch's first burst of copies (the second once the
   // queries are in), the queries read in 16-byte loads and summed by shuffles. Measured on one
-  // H200 (docs/benchmarks.md): 7-14 % faster per layer at batch 1 for the 8B shape, 3-8 % for
-  // head_dim 64, unchanged at batch 32 from 32K.
+  // H200 (docs/benchmarks/attention.md): 7-14 % faster per layer at batch 1 for the 8B shape, 3-8 %
+  // for head_dim 64, unchanged at batch 32 from 32K.
   bool int2_quick_start = true;
   // The end of a history or window CTA: its warps' weights computed once per head, then float4
   // sums (false: an exponent and a division per output channel).

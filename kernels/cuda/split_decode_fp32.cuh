@@ -4,7 +4,7 @@
 // each step bought side by side (SplitDecodeVariant with bf16_tensor_cores or parallel_merge
 // off): BF16 window pages and a BF16 history in plain fp32 math, and the merge with one thread
 // per channel walking every slot. Included by split_decode.cu only. Drop them with their
-// variants once the step table (docs/benchmarks.md) is no longer wanted.
+// variants once the step table (docs/benchmarks/attention.md) is no longer wanted.
 
 #include <cuda_bf16.h>
 

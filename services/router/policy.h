@@ -116,9 +116,9 @@ struct PrefixAffinityOptions {
   double load_weight = 0.5;       // weight of the relative-load penalty in the score (≥ 0)
   double fetch_cost_ratio = 0.1;  // r: cost of fetching a page / computing it, in [0, 1]
   // r_c: the same for a page on the kvstore node on the worker's own GPU, in [0, r]. r / 10 by
-  // default: docs/benchmarks.md measures a same-GPU fetch of 1,600 pages at ~3.1 ms (1.9 ms
-  // handshake + 1.2 ms gather at 1.9 TB/s) against 5.4 s over gRPC (~1/1,700), and NCCL over
-  // NVLink (unmeasured) is a few times slower than the gather, not a thousand: r / 10 sits
+  // default: docs/benchmarks/kvstore-gpu.md measures a same-GPU fetch of 1,600 pages at ~3.1 ms
+  // (1.9 ms handshake + 1.2 ms gather at 1.9 TB/s) against 5.4 s over gRPC (~1/1,700), and NCCL
+  // over NVLink (unmeasured) is a few times slower than the gather, not a thousand: r / 10 sits
   // between. It stays above 0 so that a worker's own pages (no fetch, no lease) still beat its
   // node's, and at r / 10 the co-located preference is worth at most 0.09 of score, less than
   // one extra request's load penalty (0.5 / q̄) while q̄ < 5.5 (docs/routing.md).

@@ -1,8 +1,8 @@
 // GPU test: the CUDA engine against the CPU engine on the real default model (KVSTRATA_MODEL),
 // both KV formats: next-token distributions (mean KL over every position of prompts of 37, 500
 // and 4,000+ tokens), greedy text on 20 chat prompts, batches decoded together, and pages moved
-// between a CPU and a GPU engine. Prints the figures (docs/benchmarks.md quotes them). Skips
-// itself without a CUDA device.
+// between a CPU and a GPU engine. Prints the figures (docs/benchmarks/engine-gpu.md quotes them).
+// Skips itself without a CUDA device.
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

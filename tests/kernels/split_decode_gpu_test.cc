@@ -397,7 +397,7 @@ TEST(SplitDecodeGpu, MatchesCpuReference) {
 // ranges of 300 and 800 pages, 75 and 200 per warp, keep the short ranges' precision. The INT2
 // kernel once carried the codes' 1024 bias across a warp's pages in the tensor cores'
 // accumulators, whose truncating sums lost the codes against it (an error growing with the
-// range: 1.2-1.6 % of the row's max at 4 pages per warp, docs/benchmarks.md, round 4).
+// range: 1.2-1.6 % of the row's max at 4 pages per warp, docs/benchmarks/attention.md, round 4).
 TEST(SplitDecodeGpu, LongPageRangesKeepTheirPrecision) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   double worst = 0;
