@@ -107,10 +107,13 @@ constexpr Step kInt2Steps[] = {
      {.int2_overlap_pages = true, .int2_quick_start = false, .combine_head_weights = false}},
     {"+ quick start: one page per warp in the first burst, 16-byte query loads",
      {.combine_head_weights = false}},
-    {"+ warps combined with weights per head (default)", {}},
-    {"quick start + next page's scores first (off by default)", {.int2_overlap_pages = true}},
+    {"+ warps combined with weights per head", {.window_pages_per_cta = 1}},
+    {"quick start + next page's scores first (off by default)",
+     {.int2_overlap_pages = true, .window_pages_per_cta = 1}},
     {"+ launched early: pages asked for while the kernel before (the last layer's merge) runs",
-     {.early_launch = true}},
+     {.early_launch = true, .window_pages_per_cta = 1}},
+    {"+ window pages several per CTA, the history more ranges (default)", {}},
+    {"+ window pages several per CTA, launched early", {.early_launch = true}},
 };
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},
@@ -381,10 +384,10 @@ void RunInt2(const Shape& s, int batch, int context, int iters, int sms) {
         "{\"kernel\": \"kvstrata-int2-split\", \"shape\": \"%s\", \"step\": \"%s\", \"batch\": %d, "
         "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, "
         "\"bf16_equivalent_bytes\": %.0f, \"splits\": %d, \"pages_per_split\": %d, "
-        "\"fused_window\": %s, %s}\n",
+        "\"fused_window\": %s, \"window_pages_per_cta\": %d, %s}\n",
         s.name, step.name, batch, context, us, bytes, bytes / (us * 1e-6) / 1e12, bf16_bytes,
         plan.splits, plan.pages_per_split, plan.fused_window ? "true" : "false",
-        TimingFields(times[i]).c_str());
+        plan.window_pages_per_cta, TimingFields(times[i]).c_str());
     std::fflush(stdout);
   }
   if (std::strcmp(s.name, "qwen3-8b") != 0) {

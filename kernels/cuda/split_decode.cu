@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) uint8_t smem[];
   const int h = blockIdx.y, b = blockIdx.z;
   if (static_cast<int>(blockIdx.x) < window_ctas) {
-    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, smem);
+    Bf16WindowSlot<D, 2>(p, ws, blockIdx.x, h, b, smem);
     return;
   }
   const int split = blockIdx.x - window_ctas;
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   extern __shared__ __align__(128) uint8_t smem[];
   const int h = blockIdx.y, b = blockIdx.z;
   if (static_cast<int>(blockIdx.x) < window_ctas) {
-    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, smem);
+    Bf16WindowSlot<D, 2>(p, ws, blockIdx.x, h, b, smem);
     return;
   }
   const int split = blockIdx.x - window_ctas;
@@ -93,11 +93,12 @@ __global__ void __launch_bounds__(kThreads, 3)
                     page_tables);
 }
 
-// The window pages as a launch of their own, on tensor cores (fuse_window off).
+// The window pages as a launch of their own, on tensor cores (fuse_window off), one page per
+// CTA (the plan's window_pages_per_cta is 1 then).
 template <int D>
 __global__ void __launch_bounds__(kThreads) Bf16WindowKernel(SplitDecodeCudaParams p, Workspace ws) {
   __shared__ alignas(128) uint8_t s_stage[kBf16StageBytes<D>];
-  Bf16WindowSlot<D>(p, ws, blockIdx.x, blockIdx.y, blockIdx.z, s_stage);
+  Bf16WindowSlot<D, 1>(p, ws, blockIdx.x, blockIdx.y, blockIdx.z, s_stage);
 }
 
 // The merge of one query head's partials, spread over the CTA: the weights exp(lse - max) of
@@ -199,11 +200,10 @@ __global__ void FillKernel(uint8_t* pool, int64_t stride, int num_pages, KvGeome
 
 namespace {
 
-// The BF16 and codec history kernels want more than the default 48 KB of dynamic shared memory;
-// set once
-// per device (a function attribute, not a stream operation, but done before any capture by
-// SplitDecodeCtasPerSm, which callers run while planning).
-cudaError_t AllowBf16HistorySmem() {
+// The BF16, codec and fragment history kernels want more than the default 48 KB of dynamic
+// shared memory; set once per device (a function attribute, not a stream operation, but done
+// before any capture by SplitDecodeCtasPerSm, which callers run while planning).
+cudaError_t AllowLargeSharedMemory() {
   static std::atomic<uint64_t> done{0};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
@@ -261,12 +261,12 @@ bool WindowCtas(const SplitDecodeVariant& v, int64_t window_ctas, int64_t capaci
 int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVariant& variant) {
   const bool d64 = head_dim == 64;
   if (history == PageEncoding::kCodecFragment) {
-    if (AllowBf16HistorySmem() != cudaSuccess) return 1;
+    if (AllowLargeSharedMemory() != cudaSuccess) return 1;
     return d64 ? Occupancy(FragmentHistoryKernel<64>, kFragmentSmemBytes<64>)
                : Occupancy(FragmentHistoryKernel<128>, kFragmentSmemBytes<128>);
   }
   if (history == PageEncoding::kCodec) {
-    if (AllowBf16HistorySmem() != cudaSuccess) return 1;
+    if (AllowLargeSharedMemory() != cudaSuccess) return 1;
     return d64 ? Occupancy(CodecHistoryKernel<64>, kCodecHistorySmemBytes<64>)
                : Occupancy(CodecHistoryKernel<128>, kCodecHistorySmemBytes<128>);
   }
@@ -281,7 +281,7 @@ int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVa
   if (!variant.bf16_tensor_cores) {
     return d64 ? Occupancy(Bf16HistoryKernel<64>, 0) : Occupancy(Bf16HistoryKernel<128>, 0);
   }
-  if (AllowBf16HistorySmem() != cudaSuccess) return 1;
+  if (AllowLargeSharedMemory() != cudaSuccess) return 1;
   return d64 ? Occupancy(Bf16HistoryMmaKernel<64>, kBf16HistorySmemBytes<64>)
              : Occupancy(Bf16HistoryMmaKernel<128>, kBf16HistorySmemBytes<128>);
 }
@@ -295,15 +295,29 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
   const int64_t units = std::max(1, batch * num_kv_heads);
   const int64_t capacity = int64_t{std::max(1, num_sms)} * std::max(1, ctas_per_sm);
   const int pages = std::max(1, max_history_pages);
-  // Window pages that run as CTAs of the history launch take places in its waves.
-  const int window_ctas = WindowCtas(variant, units * plan.window_pages, capacity)
-                              ? plan.window_pages
-                              : 0;
-  plan.fused_window = window_ctas > 0;
+  // Window pages run as CTAs of the history launch when there are few of them (WindowCtas, a
+  // CTA per page), taking places in its waves.
+  plan.fused_window = WindowCtas(variant, units * plan.window_pages, capacity);
+  // Then how many window pages a window CTA may take. An INT2 history CTA stages one window
+  // page at a time (its shared memory holds one BF16 page), so each costs the CTA a round trip
+  // to memory and four warps' work on it: about one and a half of an INT2 history warp's pages.
+  // A CTA of several window pages then finishes within the history CTAs' time when their ranges
+  // are long, and the places it frees go to more, shorter history ranges. Other histories keep
+  // a CTA per window page.
+  int max_w = 1;
+  if (plan.fused_window) {
+    max_w = variant.window_pages_per_cta > 0        ? variant.window_pages_per_cta
+            : history == PageEncoding::kInt2Uniform ? plan.window_pages
+                                                    : 1;
+    max_w = std::min(max_w, plan.window_pages);
+  }
+  const auto window_ctas_of = [&](int w) { return (plan.window_pages + w - 1) / w; };
+  constexpr double kWindowPageCost = 1.5;  // a window CTA's page, in history pages per warp
   // Time ~ waves x (pages per CTA + a setup cost of about two pages): choose the split count
-  // that minimises it, so the last wave is not a sliver of a few CTAs. A BF16 history streams
-  // faster in ranges of at most 64 pages (measured: one wave of ranges of 500 pages at batch 8
-  // ran 10 % slower than seven waves of 73), so longer ranges are not considered for it.
+  // (and the window pages per CTA) that minimises it, so the last wave is not a sliver of a few
+  // CTAs. A BF16 history streams faster in ranges of at most 64 pages (measured: one wave of
+  // ranges of 500 pages at batch 8 ran 10 % slower than seven waves of 73), so longer ranges
+  // are not considered for it.
   const int max_pps = history == PageEncoding::kBf16 && variant.bf16_tensor_cores &&
                               variant.bf16_max_pages_per_split > 0
                           ? variant.bf16_max_pages_per_split
@@ -311,15 +325,28 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
   const int max_splits = std::min(pages, 512);
   const int min_splits = std::min(max_splits, (pages + max_pps - 1) / max_pps);
   double best = 1e300;
-  for (int splits = min_splits; splits <= max_splits; ++splits) {
-    const int pps = (pages + splits - 1) / splits;
-    const int used = (pages + pps - 1) / pps;  // ranges that hold a page: <= splits
-    const int64_t ctas = units * (used + window_ctas);
-    const int64_t waves = (ctas + capacity - 1) / capacity;
-    const double cost = static_cast<double>(waves) * (static_cast<double>(pps) / kWarps + 2.0);
-    if (cost < best - 1e-9) best = cost, plan.splits = used, plan.pages_per_split = pps;
+  for (int w = variant.window_pages_per_cta > 0 ? max_w : 1; w <= max_w; ++w) {  // n: just n
+    const int window_ctas = plan.fused_window ? window_ctas_of(w) : 0;
+    // A CTA of one window page costs less than any history range (the former model's view);
+    // more pages than that can make the window the longest CTA of its wave.
+    const double window_cost = w > 1 ? kWindowPageCost * w + 2.0 : 0.0;
+    for (int splits = min_splits; splits <= max_splits; ++splits) {
+      const int pps = (pages + splits - 1) / splits;
+      const int used = (pages + pps - 1) / pps;  // ranges that hold a page: <= splits
+      const int64_t ctas = units * (used + window_ctas);
+      const int64_t waves = (ctas + capacity - 1) / capacity;
+      const double cost = static_cast<double>(waves) *
+                          std::max(static_cast<double>(pps) / kWarps + 2.0, window_cost);
+      if (cost < best - 1e-9) {
+        best = cost;
+        plan.splits = used;
+        plan.pages_per_split = pps;
+        plan.window_pages_per_cta = w;
+      }
+    }
   }
-  const int64_t rows = units * (plan.window_pages + plan.splits) * kMaxGroup;
+  plan.window_slots = window_ctas_of(plan.window_pages_per_cta);
+  const int64_t rows = units * (plan.window_slots + plan.splits) * kMaxGroup;
   plan.workspace_bytes = rows * head_dim * 4 + rows * 4;
   return plan;
 }
@@ -362,16 +389,17 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
   }
   if (p.batch == 0) return cudaSuccess;
   if (((bf16_history || codec_history) && v.bf16_tensor_cores) || fragment_history) {
-    if (const cudaError_t e = AllowBf16HistorySmem(); e != cudaSuccess) return e;
+    if (const cudaError_t e = AllowLargeSharedMemory(); e != cudaSuccess) return e;
   }
   Workspace ws;
-  ws.window = plan.window_pages;
-  ws.slots = plan.window_pages + plan.splits;
+  ws.window = plan.window_slots;
+  ws.window_pages_per_slot = plan.fused_window ? plan.window_pages_per_cta : 1;
+  ws.slots = plan.window_slots + plan.splits;
   ws.head_weights = v.combine_head_weights;
   const int64_t rows = int64_t{p.batch} * g.num_kv_heads * ws.slots * kMaxGroup;
   ws.part_o = static_cast<float*>(workspace);
   ws.part_lse = ws.part_o + rows * g.head_dim;
-  const int window_ctas = plan.fused_window ? plan.window_pages : 0;
+  const int window_ctas = plan.fused_window ? plan.window_slots : 0;
   const dim3 history_grid(window_ctas + plan.splits, g.num_kv_heads, p.batch);
   const dim3 window_grid(plan.window_pages, g.num_kv_heads, p.batch);
   const bool early = v.early_launch;

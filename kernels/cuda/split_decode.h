@@ -2,12 +2,13 @@
 
 // Split decode attention on the GPU (docs/kv-format.md §5): per sequence and KV head, the INT2
 // history is cut into page ranges processed in parallel on tensor cores (flash-decoding), the
-// BF16 sink and recent window pages get one partial each (extra CTAs of the same launch), and a
-// merge kernel combines every partial (o, lse) exactly. A BF16 history segment (the BF16 cache
-// format) is split the same way and attended on bf16 tensor cores: the BF16 baseline the INT2
-// format is measured against. A codec history (the codec format) is decoded page by page into
-// fp16 rows in shared memory and attended as those pages are. CPU reference: SplitDecodeAttentionRef
-// (kernels/attention_ref.h; the codec's test decodes with DecodeCodecBlock).
+// BF16 sink and recent window pages get a partial per run of them (extra CTAs of the same
+// launch), and a merge kernel combines every partial (o, lse) exactly. A BF16 history segment (the
+// BF16 cache format) is split the same way and attended on bf16 tensor cores: the BF16 baseline the
+// INT2 format is measured against. A codec history (the codec format) is decoded page by page into
+// fp16 rows in shared memory and attended as those pages are. CPU reference:
+// SplitDecodeAttentionRef (kernels/attention_ref.h; the codec's test decodes with
+// DecodeCodecBlock).
 //
 // Plan on the host (PlanSplitDecode), then LaunchSplitDecode allocates nothing, so a decode
 // step can be captured in a CUDA graph.
@@ -77,6 +78,12 @@ struct SplitDecodeVariant {
   // its page ratio go into tables once, rows are decoded by lookups alone, and the rows' scales
   // multiply the scores and the probabilities (false: every value scaled in fp32 as decoded).
   bool codec_page_tables = true;
+  // Window pages (the sink's, then the recent window's) per CTA of the history launch, when they
+  // run in it. 0: the plan chooses; for an INT2 history as many as keep a window CTA within the
+  // history CTAs' time, so that the window takes fewer of the wave's places and the history
+  // more, shorter ranges (5-11 % off a batch-1/2 layer of the 8B shape from 100K on one H200);
+  // for the others one. n: n pages per CTA (1: a CTA per page, the former layout).
+  int window_pages_per_cta = 0;
 };
 
 struct SplitDecodePlan {
@@ -86,6 +93,10 @@ struct SplitDecodePlan {
   int64_t workspace_bytes = 0;
   SplitDecodeVariant variant;
   bool fused_window = false;  // the window pages run as CTAs of the history launch
+  // Window pages per window CTA (consecutive: the sink's pages, then the recent window's), and
+  // so the window's partials per (sequence, KV head): ceil(window_pages / window_pages_per_cta).
+  int window_pages_per_cta = 1;
+  int window_slots = 1;
 };
 
 // max_history_pages / max_window_pages: the most INT2 pages, and the most BF16 pages (sink plus

@@ -28,16 +28,26 @@ __device__ __forceinline__ int SwizzledChunk(int row, int ch) {
   return row * (2 * D) + ((ch ^ (row & 7)) << 4);
 }
 
-// All threads of the CTA: cp.async of page `page` of `seg` (sequence b, this layer, KV head h)
-// into `stage`; rows past the page's tokens are zero-filled. The caller commits the group.
+// A page of the split cache: page `page` of segment `seg`.
+struct PageRef {
+  const PagedSegmentView* seg;
+  int page;
+};
+
+// The tokens page `ref` holds for sequence b.
+__device__ __forceinline__ int PageTokens(const PageRef& ref, int b) {
+  return ref.page + 1 == ref.seg->num_pages(b) ? ref.seg->last_page_len[b] : kPageTokens;
+}
+
+// All threads of the CTA: cp.async of page `ref` (sequence b, this layer, KV head h) into
+// `stage`; rows past the page's tokens are zero-filled. The caller commits the group.
 template <int D>
-__device__ __forceinline__ void StageBf16Page(const SplitDecodeCudaParams& p,
-                                              const PagedSegmentView& seg, int b, int page, int h,
-                                              uint8_t* stage) {
+__device__ __forceinline__ void StageBf16Page(const SplitDecodeCudaParams& p, const PageRef& ref,
+                                              int b, int h, uint8_t* stage) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  const int tokens = page + 1 == seg.num_pages(b) ? seg.last_page_len[b] : kPageTokens;
-  const int64_t slot = seg.indices[seg.indptr[b] + page];
-  const uint8_t* base = seg.pool + slot * seg.slot_stride;
+  const int tokens = PageTokens(ref, b);
+  const int64_t slot = ref.seg->indices[ref.seg->indptr[b] + ref.page];
+  const uint8_t* base = ref.seg->pool + slot * ref.seg->slot_stride;
 #pragma unroll
   for (int kind = 0; kind < 2; ++kind) {
     const uint8_t* src = base + BlockOffset(p.geometry, PageEncoding::kBf16, p.layer, kind, h);
@@ -209,24 +219,20 @@ __device__ __forceinline__ void Bf16PageTokens(Bf16WarpState<D>& st, const uint8
   }
 }
 
-// The whole CTA: pages [begin, end) of `seg` for (sequence b, KV head h), written as the
-// partial (o, lse) of workspace row row0. `smem` holds Stages staged pages (Stages >= 2; with
-// one page only the first stage is touched) and, after the loop, the warps' outputs.
-template <int D, int Stages>
-__device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
-                                              const PagedSegmentView& seg, int b, int h,
-                                              int begin, int end, uint8_t* smem, int64_t row0,
-                                              const Workspace& ws) {
-  static_assert(Stages >= 2, "the pipeline waits for all but Stages - 2 groups");
+// The whole CTA: pages page_at(0), ..., page_at(n - 1) of sequence b, KV head h, written as
+// the partial (o, lse) of workspace row row0. `smem` holds Stages staged pages (with one page
+// only the first stage is touched; with one stage each page is asked for once the one before
+// is done) and, after the loop, the warps' outputs.
+template <int D, int Stages, typename PageAt>
+__device__ __forceinline__ void Bf16Pages(const SplitDecodeCudaParams& p, int b, int h, int n,
+                                          PageAt page_at, uint8_t* smem, int64_t row0,
+                                          const Workspace& ws) {
+  static_assert(Stages >= 1, "at least one stage");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
-  const int npages = seg.num_pages(b);
-  const int n = max(0, min(end, npages) - begin);
 
-  for (int i = 0; i < Stages - 1; ++i) {
-    if (i < n) {
-      StageBf16Page<D>(p, seg, b, begin + i, h, smem + i * kBf16StageBytes<D>);
-    }
+  for (int i = 0; i < (Stages > 1 ? Stages - 1 : 1); ++i) {
+    if (i < n) StageBf16Page<D>(p, page_at(i), b, h, smem + i * kBf16StageBytes<D>);
     ptx::CpAsyncCommit();
   }
   // The first pages are on their way; the queries (and the workspace) are the kernel before's
@@ -239,27 +245,50 @@ __device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
   st.Clear();
 
   for (int i = 0; i < n; ++i) {
-    ptx::CpAsyncWait<Stages - 2>();  // page i has landed (this thread's part of it)
-    __syncthreads();                 // ... every thread's, and page i - 1 is done with
-    const int next = i + Stages - 1;
-    if (next < n) {
-      StageBf16Page<D>(p, seg, b, begin + next, h,
-                                 smem + (next % Stages) * kBf16StageBytes<D>);
+    if constexpr (Stages == 1) {
+      if (i > 0) {
+        __syncthreads();  // every warp is done with page i - 1
+        StageBf16Page<D>(p, page_at(i), b, h, smem);
+        ptx::CpAsyncCommit();
+      }
+      ptx::CpAsyncWait<0>();  // page i has landed (this thread's part of it)
+      __syncthreads();        // ... every thread's
+    } else {
+      ptx::CpAsyncWait<Stages - 2>();  // page i has landed (this thread's part of it)
+      __syncthreads();                 // ... every thread's, and page i - 1 is done with
+      const int next = i + Stages - 1;
+      if (next < n) {
+        StageBf16Page<D>(p, page_at(next), b, h, smem + (next % Stages) * kBf16StageBytes<D>);
+      }
+      ptx::CpAsyncCommit();
     }
-    ptx::CpAsyncCommit();
-    const int page = begin + i;
-    const int tokens = page + 1 == npages ? seg.last_page_len[b] : kPageTokens;
-    Bf16PageTokens<D>(st, smem + (i % Stages) * kBf16StageBytes<D>, warp, lane, tokens, bq,
-                      qscale);
+    Bf16PageTokens<D>(st, smem + (i % Stages) * kBf16StageBytes<D>, warp, lane,
+                      PageTokens(page_at(i), b), bq, qscale);
   }
   ptx::CpAsyncWait<0>();
   ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
   WritePartial<D>(st, smem, G, row0, ws);
 }
 
-// Window slot i of sequence b (its i-th sink page, then its recent pages) as one partial; a
-// slot past the sequence's window pages is written empty.
-template <int D>
+// Pages [begin, end) of `seg` (clipped to the sequence's pages), as Bf16Pages.
+template <int D, int Stages>
+__device__ __forceinline__ void Bf16PageRange(const SplitDecodeCudaParams& p,
+                                              const PagedSegmentView& seg, int b, int h, int begin,
+                                              int end, uint8_t* smem, int64_t row0,
+                                              const Workspace& ws) {
+  const int n = max(0, min(end, seg.num_pages(b)) - begin);
+  Bf16Pages<D, Stages>(
+      p, b, h, n,
+      [&](int i) {
+        return PageRef{&seg, begin + i};
+      },
+      smem, row0, ws);
+}
+
+// Window slot i of sequence b: its window pages (the sink's, then the recent window's)
+// [i·w, (i + 1)·w) with w = ws.window_pages_per_slot, as one partial; a slot past the
+// sequence's window pages is written empty. `smem` holds Stages staged pages (Bf16Pages).
+template <int D, int Stages>
 __device__ __forceinline__ void Bf16WindowSlot(const SplitDecodeCudaParams& p, const Workspace& ws,
                                                int i, int h, int b, uint8_t* smem) {
   // Launched early (SplitDecodeVariant::early_launch): the window's pages and the workspace
@@ -268,16 +297,22 @@ __device__ __forceinline__ void Bf16WindowSlot(const SplitDecodeCudaParams& p, c
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
   const int n0 = p.segments[0].num_pages(b), n2 = p.segments[2].num_pages(b);
   const int64_t row0 = PartialRow(ws, b, p.geometry.num_kv_heads, h, i);
-  if (i >= n0 + n2) {
+  const int first = i * ws.window_pages_per_slot;
+  const int n = min(ws.window_pages_per_slot, n0 + n2 - first);
+  if (n <= 0) {
     for (int e = threadIdx.x; e < G * D; e += kThreads) {
       ws.part_o[(row0 + e / D) * D + e % D] = 0.0f;
       if (e % D == 0) ws.part_lse[row0 + e / D] = -INFINITY;
     }
     return;
   }
-  const PagedSegmentView& seg = i < n0 ? p.segments[0] : p.segments[2];
-  const int page = i < n0 ? i : i - n0;
-  Bf16PageRange<D, 2>(p, seg, b, h, page, page + 1, smem, row0, ws);
+  Bf16Pages<D, Stages>(
+      p, b, h, n,
+      [&](int k) {
+        const int j = first + k;
+        return j < n0 ? PageRef{&p.segments[0], j} : PageRef{&p.segments[2], j - n0};
+      },
+      smem, row0, ws);
 }
 
 }  // namespace kvstrata::kernels::split

@@ -22,7 +22,8 @@ struct Workspace {
   float* part_o;    // [batch][kv_heads][slots][kMaxGroup][D]
   float* part_lse;  // [batch][kv_heads][slots][kMaxGroup]
   int slots;        // window pages (sink, then recent) and then the history ranges
-  int window;       // the first `window` slots are BF16 pages
+  int window;       // the first `window` slots are BF16 window pages, window_pages_per_slot each
+  int window_pages_per_slot = 1;
   bool head_weights = true;  // CombineWarps: weights per (warp, head) first (SplitDecodeVariant)
 };
 

@@ -46,6 +46,9 @@ constexpr int kFragmentSmemBytes =
         ? kWarps * kFragmentStages * kFragmentStageBytes<D>
         : kBf16StageBytes<D>;
 static_assert(kWarps * kMaxGroup * 128 * 4 <= kFragmentSmemBytes<128>, "warp outputs fit");
+static_assert(kFragmentSmemBytes<64> >= 2 * kBf16StageBytes<64> &&
+                  kFragmentSmemBytes<128> >= 2 * kBf16StageBytes<128>,
+              "a window CTA stages two BF16 pages");
 
 // The uniform levels' steps Δ_b (kCodecFragmentLevelStep), bits 1..4.
 __device__ __forceinline__ float FragmentLevelStep(int bits) {
@@ -280,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   extern __shared__ __align__(128) uint8_t smem[];
   const int h = blockIdx.y, b = blockIdx.z;
   if (static_cast<int>(blockIdx.x) < window_ctas) {
-    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, smem);
+    Bf16WindowSlot<D, 2>(p, ws, blockIdx.x, h, b, smem);
     return;
   }
   const int split = blockIdx.x - window_ctas;

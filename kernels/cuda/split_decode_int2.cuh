@@ -212,13 +212,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
                       Workspace ws, bool quick_start, bool early) {
   const int h = blockIdx.y, b = blockIdx.z;
-  // The staging area: INT2 pages in flight, or one BF16 window page.
+  // The staging area: INT2 pages in flight, or a window CTA's BF16 page (one at a time: two
+  // need more shared memory than the INT2 pages, and were slower end to end,
+  // docs/benchmarks/attention.md, round 5).
   constexpr int kStagingBytes = kWarps * kInt2Stages * kInt2StageBytes<D> > kBf16StageBytes<D>
                                     ? kWarps * kInt2Stages * kInt2StageBytes<D>
                                     : kBf16StageBytes<D>;
   __shared__ alignas(128) uint8_t s_stage[kStagingBytes];
-  if (static_cast<int>(blockIdx.x) < window_ctas) {  // a sink or recent page of the same launch
-    Bf16WindowSlot<D>(p, ws, blockIdx.x, h, b, s_stage);
+  if (static_cast<int>(blockIdx.x) < window_ctas) {  // sink or recent pages of the same launch
+    Bf16WindowSlot<D, 1>(p, ws, blockIdx.x, h, b, s_stage);
     return;
   }
   const int split = blockIdx.x - window_ctas;

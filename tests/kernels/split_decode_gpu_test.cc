@@ -341,6 +341,10 @@ const SplitDecodeVariant kVariants[] = {
     {.early_launch = true, .codec_page_tables = false},
     {.fuse_window = false, .early_launch = true},
     {.int2_quick_start = false, .early_launch = true},
+    // Window CTAs of several pages, spanning the sink and the recent window (and empty slots
+    // where a sequence has fewer window pages).
+    {.window_pages_per_cta = 4},
+    {.early_launch = true, .window_pages_per_cta = 2},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
@@ -413,6 +417,29 @@ TEST(SplitDecodeGpu, LongPageRangesKeepTheirPrecision) {
     }
   }
   std::printf("split decode, long page ranges: largest error %.3g of the row's max |o|\n", worst);
+}
+
+// Batch 1 with a long INT2 history on the whole device: the plan's default puts a sequence's
+// window pages in CTAs of several pages (the sink's and the recent window's together), and the
+// answers stay the reference's, in each window a CTA takes alone or shares.
+TEST(SplitDecodeGpu, WindowCtasOfSeveralPagesMatchTheReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const SplitDecodePlan plan = PlanSplitDecode(1, 8, 128, 1000, 6, sms, SplitDecodeCtasPerSm(128));
+  EXPECT_TRUE(plan.fused_window);
+  EXPECT_GT(plan.window_pages_per_cta, 1) << "with " << sms << " multiprocessors";
+  double worst = 0;
+  uint32_t seed = 1300;
+  for (const SplitDecodeVariant& v :
+       {SplitDecodeVariant{}, SplitDecodeVariant{.early_launch = true}}) {
+    worst = std::max(worst, RunCase({128, 8, 4, 1, {64}, {1000}, {300}, 0}, seed++, v));
+    worst = std::max(worst, RunCase({64, 8, 2, 1, {64}, {1500}, {319}, 0}, seed++, v));
+  }
+  std::printf(
+      "split decode, window CTAs of several pages: largest error %.3g of the row's max "
+      "|o|\n",
+      worst);
 }
 
 // The merge writing a GEMM's 16-bit operand rows itself, through a row map, as the engine's
@@ -584,18 +611,55 @@ TEST(SplitDecodePlan, CoversEveryPage) {
 }
 
 TEST(SplitDecodePlan, WindowPagesInTheHistoryLaunchShareItsWave) {
-  // Batch 1, 8 KV heads, 128K tokens: 6 window pages per head run as CTAs of the same launch,
-  // so the history takes fewer ranges to stay within one wave of 132 x 3 CTAs.
-  const SplitDecodePlan fused = PlanSplitDecode(1, 8, 128, 2043, 6, 132, 3);
+  // Batch 1, 8 KV heads, 128K tokens: 6 window pages per head run as CTAs of the same launch
+  // (here one per page), so the history takes fewer ranges to stay within one wave of 132 x 3.
+  const SplitDecodePlan fused = PlanSplitDecode(
+      1, 8, 128, 2043, 6, 132, 3, PageEncoding::kInt2Uniform, {.window_pages_per_cta = 1});
   const SplitDecodePlan apart = PlanSplitDecode(1, 8, 128, 2043, 6, 132, 3,
                                                 PageEncoding::kInt2Uniform, {.fuse_window = false});
   EXPECT_TRUE(fused.fused_window);
+  EXPECT_EQ(fused.window_pages_per_cta, 1);
+  EXPECT_EQ(fused.window_slots, 6);
   EXPECT_FALSE(apart.fused_window);
+  EXPECT_EQ(apart.window_slots, 6);
   EXPECT_LE(8 * (fused.splits + 6), 132 * 3);
   EXPECT_LE(8 * apart.splits, 132 * 3);
   EXPECT_LT(fused.splits, apart.splits);
   // Batch 8: 384 window CTAs would take a whole wave; they get a launch of their own.
-  EXPECT_FALSE(PlanSplitDecode(8, 8, 128, 2043, 6, 132, 3).fused_window);
+  const SplitDecodePlan b8 = PlanSplitDecode(8, 8, 128, 2043, 6, 132, 3);
+  EXPECT_FALSE(b8.fused_window);
+  EXPECT_EQ(b8.window_pages_per_cta, 1);
+  EXPECT_EQ(b8.window_slots, 6);
+}
+
+TEST(SplitDecodePlan, WindowPagesShareCtasSoTheHistoryGetsTheWave) {
+  // Batch 1, 128K tokens: by default an INT2 history's window pages share CTAs, and the places
+  // they free go to more, shorter history ranges in the same single wave.
+  const SplitDecodePlan grouped = PlanSplitDecode(1, 8, 128, 2043, 6, 132, 3);
+  const SplitDecodePlan per_page = PlanSplitDecode(
+      1, 8, 128, 2043, 6, 132, 3, PageEncoding::kInt2Uniform, {.window_pages_per_cta = 1});
+  ASSERT_TRUE(grouped.fused_window);
+  EXPECT_GT(grouped.window_pages_per_cta, 1);
+  EXPECT_EQ(grouped.window_slots,
+            (6 + grouped.window_pages_per_cta - 1) / grouped.window_pages_per_cta);
+  EXPECT_LE(8 * (grouped.splits + grouped.window_slots), 132 * 3);
+  EXPECT_GT(grouped.splits, per_page.splits);
+  EXPECT_LT(grouped.pages_per_split, per_page.pages_per_split);
+  // A short history keeps a CTA per window page: several pages would outlast its ranges.
+  EXPECT_EQ(PlanSplitDecode(1, 8, 128, 122, 6, 132, 3).window_pages_per_cta, 1);
+  // A BF16 history keeps a CTA per window page unless asked; a forced count is taken as is.
+  EXPECT_EQ(PlanSplitDecode(1, 8, 128, 2043, 6, 132, 2, PageEncoding::kBf16).window_pages_per_cta,
+            1);
+  const SplitDecodePlan forced = PlanSplitDecode(
+      1, 8, 128, 40, 6, 132, 3, PageEncoding::kInt2Uniform, {.window_pages_per_cta = 4});
+  EXPECT_EQ(forced.window_pages_per_cta, 4);
+  EXPECT_EQ(forced.window_slots, 2);
+  // Window pages in a launch of their own: one per CTA, whatever the variant asks.
+  const SplitDecodePlan apart =
+      PlanSplitDecode(1, 8, 128, 2043, 6, 132, 3, PageEncoding::kInt2Uniform,
+                      {.fuse_window = false, .window_pages_per_cta = 3});
+  EXPECT_EQ(apart.window_pages_per_cta, 1);
+  EXPECT_EQ(apart.window_slots, 6);
 }
 
 }  // namespace
