@@ -77,6 +77,9 @@ ABSL_FLAG(bool, gpu_early_launches, true,
 ABSL_FLAG(bool, gpu_int2_quick_start, true,
           "the INT2 history kernel's quick start (one page per warp before the queries, 16-byte "
           "query loads); EngineOptions::gpu_int2_quick_start");
+ABSL_FLAG(int, gpu_window_pages_per_cta, 0,
+          "window pages per CTA of an INT2 history's attention launch (0: the plan chooses, "
+          "1: a CTA per page); EngineOptions::gpu_window_pages_per_cta");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
@@ -409,6 +412,7 @@ int Main() {
     o.gpu_gemv_fused_norm = absl::GetFlag(FLAGS_gpu_gemv_fused_norm);
     o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
+    o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

@@ -51,6 +51,9 @@ struct CudaBackendOptions {
   bool int2_quick_start = true;
   // The small kernels and attention launched early (EngineOptions::gpu_early_launches).
   bool early_launches = true;
+  // Window pages per CTA of attention's launch, 0: the plan's choice
+  // (EngineOptions::gpu_window_pages_per_cta).
+  int window_pages_per_cta = 0;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

@@ -244,6 +244,7 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
   variant.int2_quick_start = options_.int2_quick_start;
   // Safe: the launch just before it (Layer) is the query gather, which writes no page.
   variant.early_launch = options_.early_launches;
+  variant.window_pages_per_cta = options_.window_pages_per_cta;
   plan->decode_plan =
       kernels::PlanSplitDecode(plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim, h.max_history,
                                h.max_window_pages, num_sms_, decode_ctas_per_sm_, encodings[1],
