@@ -118,11 +118,13 @@ constexpr Step kInt2Steps[] = {
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},
     {"tensor cores, ranges of any length",
-     {.bf16_max_pages_per_split = 0, .combine_head_weights = false}},
-    {"+ ranges of at most 64 pages", {.combine_head_weights = false}},
-    {"+ warps combined with weights per head (default)", {}},
+     {.bf16_max_pages_per_split = 0, .combine_head_weights = false, .window_pages_per_cta = 1}},
+    {"+ ranges of at most 64 pages", {.combine_head_weights = false, .window_pages_per_cta = 1}},
+    {"+ warps combined with weights per head", {.window_pages_per_cta = 1}},
     {"+ launched early: pages asked for while the kernel before (the last layer's merge) runs",
-     {.early_launch = true}},
+     {.early_launch = true, .window_pages_per_cta = 1}},
+    {"+ window pages several per CTA, the history more ranges (default)", {}},
+    {"+ window pages several per CTA, launched early", {.early_launch = true}},
 };
 
 // --int2_steps, --bf16_steps, --codec_steps: the steps to run (indices into kInt2Steps,
@@ -590,9 +592,11 @@ void RunBf16(const Shape& s, int batch, int context, int iters, int sms, double 
     std::printf(
         "{\"kernel\": \"kvstrata-bf16-paged\", \"shape\": \"%s\", \"step\": \"%s\", \"batch\": %d, "
         "\"context\": %d, \"us_per_layer\": %.2f, \"bytes_per_layer\": %.0f, \"tb_per_s\": %.3f, "
-        "\"distinct_layers\": %d, \"splits\": %d, \"pages_per_split\": %d, %s}\n",
+        "\"distinct_layers\": %d, \"splits\": %d, \"pages_per_split\": %d, "
+        "\"fused_window\": %s, \"window_pages_per_cta\": %d, %s}\n",
         s.name, step.name, batch, context, us, bytes, bytes / (us * 1e-6) / 1e12, layers,
-        plan.splits, plan.pages_per_split, TimingFields(times[i]).c_str());
+        plan.splits, plan.pages_per_split, plan.fused_window ? "true" : "false",
+        plan.window_pages_per_cta, TimingFields(times[i]).c_str());
     std::fflush(stdout);
   }
   cudaStreamDestroy(stream);

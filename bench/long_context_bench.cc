@@ -78,8 +78,8 @@ ABSL_FLAG(bool, gpu_int2_quick_start, true,
           "the INT2 history kernel's quick start (one page per warp before the queries, 16-byte "
           "query loads); EngineOptions::gpu_int2_quick_start");
 ABSL_FLAG(int, gpu_window_pages_per_cta, 0,
-          "window pages per CTA of an INT2 history's attention launch (0: the plan chooses, "
-          "1: a CTA per page); EngineOptions::gpu_window_pages_per_cta");
+          "window pages per CTA of attention's launch (0: the plan chooses, 1: a CTA per "
+          "page); EngineOptions::gpu_window_pages_per_cta");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");

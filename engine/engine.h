@@ -100,7 +100,7 @@ struct EngineOptions {
   // history CTAs ask for their pages while the query gather in front of them runs (kernels::
   // SplitDecodeVariant::early_launch, both formats). The same results; false: plain launches.
   bool gpu_early_launches = true;
-  // cuda: window pages (sink and recent) per CTA of an INT2 history's attention launch; 0: the
+  // cuda: window pages (sink and recent) per CTA of attention's launch, both formats; 0: the
   // plan chooses (several at long contexts, so the history gets more of the wave; kernels::
   // SplitDecodeVariant::window_pages_per_cta); 1: a CTA per page, as before.
   int gpu_window_pages_per_cta = 0;

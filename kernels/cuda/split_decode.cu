@@ -298,21 +298,22 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
   // Window pages run as CTAs of the history launch when there are few of them (WindowCtas, a
   // CTA per page), taking places in its waves.
   plan.fused_window = WindowCtas(variant, units * plan.window_pages, capacity);
-  // Then how many window pages a window CTA may take. An INT2 history CTA stages one window
-  // page at a time (its shared memory holds one BF16 page), so each costs the CTA a round trip
-  // to memory and four warps' work on it: about one and a half of an INT2 history warp's pages.
-  // A CTA of several window pages then finishes within the history CTAs' time when their ranges
-  // are long, and the places it frees go to more, shorter history ranges. Other histories keep
-  // a CTA per window page.
+  // Then how many window pages a window CTA may take. A CTA of several window pages finishes
+  // within the history CTAs' time when their ranges are long, and the places it frees go to
+  // more, shorter history ranges. Its pages cost, in history pages per warp: an INT2 history
+  // CTA stages one window page at a time (its shared memory holds one BF16 page), so each costs
+  // a round trip to memory and four warps' work on it, about one and a half of an INT2 warp's
+  // pages; a BF16 history CTA streams its window pages as it streams its own, a quarter each.
+  // Codec histories keep a CTA per window page.
+  const bool bf16_mma = history == PageEncoding::kBf16 && variant.bf16_tensor_cores;
   int max_w = 1;
-  if (plan.fused_window) {
-    max_w = variant.window_pages_per_cta > 0        ? variant.window_pages_per_cta
-            : history == PageEncoding::kInt2Uniform ? plan.window_pages
-                                                    : 1;
-    max_w = std::min(max_w, plan.window_pages);
+  if (plan.fused_window && variant.window_pages_per_cta > 0) {
+    max_w = std::min(variant.window_pages_per_cta, plan.window_pages);
+  } else if (plan.fused_window && (history == PageEncoding::kInt2Uniform || bf16_mma)) {
+    max_w = plan.window_pages;
   }
   const auto window_ctas_of = [&](int w) { return (plan.window_pages + w - 1) / w; };
-  constexpr double kWindowPageCost = 1.5;  // a window CTA's page, in history pages per warp
+  const double window_page_cost = bf16_mma ? 0.25 : 1.5;
   // Time ~ waves x (pages per CTA + a setup cost of about two pages): choose the split count
   // (and the window pages per CTA) that minimises it, so the last wave is not a sliver of a few
   // CTAs. A BF16 history streams faster in ranges of at most 64 pages (measured: one wave of
@@ -329,7 +330,7 @@ SplitDecodePlan PlanSplitDecode(int batch, int num_kv_heads, int head_dim, int m
     const int window_ctas = plan.fused_window ? window_ctas_of(w) : 0;
     // A CTA of one window page costs less than any history range (the former model's view);
     // more pages than that can make the window the longest CTA of its wave.
-    const double window_cost = w > 1 ? kWindowPageCost * w + 2.0 : 0.0;
+    const double window_cost = w > 1 ? window_page_cost * w + 2.0 : 0.0;
     for (int splits = min_splits; splits <= max_splits; ++splits) {
       const int pps = (pages + splits - 1) / splits;
       const int used = (pages + pps - 1) / pps;  // ranges that hold a page: <= splits

@@ -79,10 +79,10 @@ struct SplitDecodeVariant {
   // multiply the scores and the probabilities (false: every value scaled in fp32 as decoded).
   bool codec_page_tables = true;
   // Window pages (the sink's, then the recent window's) per CTA of the history launch, when they
-  // run in it. 0: the plan chooses; for an INT2 history as many as keep a window CTA within the
-  // history CTAs' time, so that the window takes fewer of the wave's places and the history
-  // more, shorter ranges (5-11 % off a batch-1/2 layer of the 8B shape from 100K on one H200);
-  // for the others one. n: n pages per CTA (1: a CTA per page, the former layout).
+  // run in it. 0: the plan chooses; for an INT2 or a BF16 history as many as keep a window CTA
+  // within the history CTAs' time, so that the window takes fewer of the wave's places and the
+  // history more, shorter ranges (INT2: 5-11 % off a batch-1/2 layer of the 8B shape from 100K
+  // on one H200); for a codec history one. n: n pages per CTA (1: a CTA per page, as before).
   int window_pages_per_cta = 0;
 };
 

@@ -647,8 +647,13 @@ TEST(SplitDecodePlan, WindowPagesShareCtasSoTheHistoryGetsTheWave) {
   EXPECT_LT(grouped.pages_per_split, per_page.pages_per_split);
   // A short history keeps a CTA per window page: several pages would outlast its ranges.
   EXPECT_EQ(PlanSplitDecode(1, 8, 128, 122, 6, 132, 3).window_pages_per_cta, 1);
-  // A BF16 history keeps a CTA per window page unless asked; a forced count is taken as is.
-  EXPECT_EQ(PlanSplitDecode(1, 8, 128, 2043, 6, 132, 2, PageEncoding::kBf16).window_pages_per_cta,
+  // A BF16 history's window CTAs stream their pages as its ranges do: several per CTA too.
+  const SplitDecodePlan bf16 = PlanSplitDecode(1, 8, 128, 2043, 6, 132, 2, PageEncoding::kBf16);
+  EXPECT_TRUE(bf16.fused_window);
+  EXPECT_GT(bf16.window_pages_per_cta, 1);
+  EXPECT_LE(bf16.pages_per_split, 64);
+  // A codec history keeps a CTA per window page unless asked; a forced count is taken as is.
+  EXPECT_EQ(PlanSplitDecode(1, 8, 128, 2043, 6, 132, 2, PageEncoding::kCodec).window_pages_per_cta,
             1);
   const SplitDecodePlan forced = PlanSplitDecode(
       1, 8, 128, 40, 6, 132, 3, PageEncoding::kInt2Uniform, {.window_pages_per_cta = 4});
