@@ -118,7 +118,7 @@ case $step in
     # indices into its kInt2Steps), then Nsight Compute's counts for each at batch 1 and 32 /
     # 128K (instructions, issue rate, resident warps, DRAM), one variant per profiled run.
     source "$work/device/env.sh"
-    steps=${KVSTRATA_INT2_STEPS:-5,6}
+    steps=${KVSTRATA_INT2_STEPS:-6,9}  # a CTA per window page, and the default
     bf16=()  # KVSTRATA_BF16_STEPS: BF16 history steps to run beside them (none by default)
     [[ -n ${KVSTRATA_BF16_STEPS:-} ]] && bf16=(--bf16_steps "$KVSTRATA_BF16_STEPS")
     kvstrata_bench_attention --formats "int2${bf16:+,bf16}" --int2_steps "$steps" "${bf16[@]}" \
@@ -149,7 +149,7 @@ case $step in
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     runs=(kvstrata_bench_attention ${KVSTRATA_CODEC_BEFORE:-})
     for bench in "${runs[@]}"; do
-      "$bench" --formats "${KVSTRATA_CODEC_FORMATS:-int2,codec,fragment}" --int2_steps 6 "${@:2}" \
+      "$bench" --formats "${KVSTRATA_CODEC_FORMATS:-int2,codec,fragment}" --int2_steps 9 "${@:2}" \
         >"$out/$bench.jsonl" || status=1
     done
     python3 - "$out" "${runs[@]}" <<'PY'
@@ -162,6 +162,9 @@ for bench in runs:
     for r in rows:
         if r.get("kernel") in ("kvstrata-codec-split", "kvstrata-codec-fragment-split"):
             k = (r["shape"], r["batch"], r["context"])
+            if k not in int2:  # a build from before INT2 step 9
+                print(f"{bench}: {k[0]} b{k[1]} {k[2]}: {r['step'][:40]}: {r['us_per_layer']:.1f} us")
+                continue
             print(f"{bench}: {k[0]} b{k[1]} {k[2]}: {r['step'][:40]}: {r['us_per_layer']:.1f} us, "
                   f"{r['us_per_layer'] / int2[k]:.2f}x INT2 ({int2[k]:.1f})")
 PY
