@@ -114,6 +114,8 @@ constexpr Step kInt2Steps[] = {
      {.early_launch = true, .window_pages_per_cta = 1}},
     {"+ window pages several per CTA, the history more ranges (default)", {}},
     {"+ window pages several per CTA, launched early", {.early_launch = true}},
+    {"the same, the merge's loads after the slots' weights (the former merge)",
+     {.early_launch = true, .merge_early_loads = false}},
 };
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},
@@ -125,6 +127,8 @@ constexpr Step kBf16Steps[] = {
      {.early_launch = true, .window_pages_per_cta = 1}},
     {"+ window pages several per CTA, the history more ranges (default)", {}},
     {"+ window pages several per CTA, launched early", {.early_launch = true}},
+    {"the same, the merge's loads after the slots' weights (the former merge)",
+     {.early_launch = true, .merge_early_loads = false}},
 };
 
 // --int2_steps, --bf16_steps, --codec_steps: the steps to run (indices into kInt2Steps,

@@ -80,6 +80,9 @@ ABSL_FLAG(bool, gpu_int2_quick_start, true,
 ABSL_FLAG(int, gpu_window_pages_per_cta, 0,
           "window pages per CTA of attention's launch (0: the plan chooses, 1: a CTA per "
           "page); EngineOptions::gpu_window_pages_per_cta");
+ABSL_FLAG(bool, gpu_merge_early_loads, true,
+          "attention's merge loads its partial outputs beside their weights' lse; "
+          "EngineOptions::gpu_merge_early_loads");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
@@ -413,6 +416,7 @@ int Main() {
     o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);
+    o.gpu_merge_early_loads = absl::GetFlag(FLAGS_gpu_merge_early_loads);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

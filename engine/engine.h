@@ -104,6 +104,9 @@ struct EngineOptions {
   // plan chooses (several at long contexts, so the history gets more of the wave; kernels::
   // SplitDecodeVariant::window_pages_per_cta); 1: a CTA per page, as before.
   int gpu_window_pages_per_cta = 0;
+  // cuda: attention's merge loads the partial outputs beside their weights' lse rather than
+  // after the weights (kernels::SplitDecodeVariant::merge_early_loads). The same results.
+  bool gpu_merge_early_loads = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

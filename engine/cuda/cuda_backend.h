@@ -54,6 +54,8 @@ struct CudaBackendOptions {
   // Window pages per CTA of attention's launch, 0: the plan's choice
   // (EngineOptions::gpu_window_pages_per_cta).
   int window_pages_per_cta = 0;
+  // Attention's merge loads its partials early (EngineOptions::gpu_merge_early_loads).
+  bool merge_early_loads = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

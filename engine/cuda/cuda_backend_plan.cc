@@ -245,6 +245,7 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
   // Safe: the launch just before it (Layer) is the query gather, which writes no page.
   variant.early_launch = options_.early_launches;
   variant.window_pages_per_cta = options_.window_pages_per_cta;
+  variant.merge_early_loads = options_.merge_early_loads;
   plan->decode_plan =
       kernels::PlanSplitDecode(plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim, h.max_history,
                                h.max_window_pages, num_sms_, decode_ctas_per_sm_, encodings[1],

@@ -103,10 +103,13 @@ __global__ void __launch_bounds__(kThreads) Bf16WindowKernel(SplitDecodeCudaPara
 
 // The merge of one query head's partials, spread over the CTA: the weights exp(lse - max) of
 // every slot first (shared memory, dynamic: one float per slot), then each thread sums four
-// channels over a share of the slots, loads of several slots in flight at once.
-template <int D>
-__global__ void __launch_bounds__(kThreads) MergeParallelKernel(SplitDecodeCudaParams p,
-                                                                Workspace ws) {
+// channels over a share of the slots. The first kMergeHeld slots of a thread's share are loaded
+// as soon as the partials are there, beside the slots' lse, so the weights' reductions and the
+// outputs' loads overlap (SplitDecodeVariant::merge_early_loads: 16; 0: every load after the
+// weights, as before).
+template <int D, int kMergeHeld>
+__global__ void __launch_bounds__(kThreads)
+    MergeParallelKernel(SplitDecodeCudaParams p, Workspace ws) {
   extern __shared__ float s_w[];  // [ws.slots]
   constexpr int kLanesPerRow = D / 4, kGroups = kThreads / kLanesPerRow;
   __shared__ float s_red[kWarps];
@@ -118,6 +121,17 @@ __global__ void __launch_bounds__(kThreads) MergeParallelKernel(SplitDecodeCudaP
   const int h = hq / G, n = hq % G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = PartialRow(ws, b, p.geometry.num_kv_heads, h, 0) + n;
+  const int c4 = threadIdx.x % kLanesPerRow, group = threadIdx.x / kLanesPerRow;
+  float4 held[kMergeHeld > 0 ? kMergeHeld : 1];
+  auto partial = [&](int s) {
+    return *reinterpret_cast<const float4*>(ws.part_o + (row0 + int64_t{s} * kMaxGroup) * D +
+                                            4 * c4);
+  };
+#pragma unroll
+  for (int k = 0; k < kMergeHeld; ++k) {
+    const int s = group + k * kGroups;
+    held[k] = s < ws.slots ? partial(s) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   float mx = -INFINITY;
   for (int s = threadIdx.x; s < ws.slots; s += kThreads) {
     const float lse = ws.part_lse[row0 + int64_t{s} * kMaxGroup];
@@ -143,14 +157,22 @@ __global__ void __launch_bounds__(kThreads) MergeParallelKernel(SplitDecodeCudaP
   float L = 0.0f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) L += s_red[w];
-  const int c4 = threadIdx.x % kLanesPerRow, group = threadIdx.x / kLanesPerRow;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int k = 0; k < kMergeHeld; ++k) {  // the same slots, in the same order, as the loop below
+    const int s = group + k * kGroups;
+    const float w = s < ws.slots ? s_w[s] : 0.0f;
+    if (w == 0.0f) continue;
+    acc.x += w * held[k].x;
+    acc.y += w * held[k].y;
+    acc.z += w * held[k].z;
+    acc.w += w * held[k].w;
+  }
 #pragma unroll 4
-  for (int s = group; s < ws.slots; s += kGroups) {
+  for (int s = group + kMergeHeld * kGroups; s < ws.slots; s += kGroups) {
     const float w = s_w[s];
     if (w == 0.0f) continue;
-    const float4 v = *reinterpret_cast<const float4*>(
-        ws.part_o + (row0 + int64_t{s} * kMaxGroup) * D + 4 * c4);
+    const float4 v = partial(s);
     acc.x += w * v.x;
     acc.y += w * v.y;
     acc.z += w * v.z;
@@ -437,8 +459,11 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
       }
     }
     if (v.parallel_merge) {
-      e = LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float), stream,
-                       MergeParallelKernel<D>, p, ws);
+      e = v.merge_early_loads
+              ? LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float),
+                             stream, MergeParallelKernel<D, 16>, p, ws)
+              : LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float),
+                             stream, MergeParallelKernel<D, 0>, p, ws);
     } else {
       e = LaunchKernel(early, dim3(merge_ctas), dim3(D), 0, stream, MergeKernel<D>, p, ws);
     }

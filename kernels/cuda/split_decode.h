@@ -84,6 +84,10 @@ struct SplitDecodeVariant {
   // history more, shorter ranges (INT2: 5-11 % off a batch-1/2 layer of the 8B shape from 100K
   // on one H200); for a codec history one. n: n pages per CTA (1: a CTA per page, as before).
   int window_pages_per_cta = 0;
+  // The parallel merge loads its first 16 slots of partial outputs per thread as soon as the
+  // partials are there, beside the slots' lse, instead of after the slots' weights: one round
+  // trip to L2 on the merge's path where there were four. The same sums in the same order.
+  bool merge_early_loads = true;
 };
 
 struct SplitDecodePlan {

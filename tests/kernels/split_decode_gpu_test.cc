@@ -345,6 +345,9 @@ const SplitDecodeVariant kVariants[] = {
     // where a sequence has fewer window pages).
     {.window_pages_per_cta = 4},
     {.early_launch = true, .window_pages_per_cta = 2},
+    // The merge's loads after the slots' weights (the former merge; the default loads its first
+    // slots beside the weights, and the rest after them once a thread has more than 16).
+    {.early_launch = true, .merge_early_loads = false},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
