@@ -20,6 +20,7 @@
 
 #include <cuda_runtime.h>
 #include <cupti.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -140,6 +141,7 @@ struct KernelRecord {
   int category;
   uint64_t start, end;
   std::string name;
+  int grid = 0;  // CTAs
 };
 std::mutex g_records_mu;
 std::vector<KernelRecord> g_records;
@@ -156,7 +158,8 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    g_records.push_back({Category(k->name), k->start, k->end, k->name ? k->name : "?"});
+    g_records.push_back({Category(k->name), k->start, k->end, k->name ? k->name : "?",
+                         static_cast<int>(k->gridX * k->gridY * k->gridZ)});
   }
   std::free(buffer);
 }
@@ -167,6 +170,55 @@ void CheckCupti(CUptiResult r, const char* what) {
     cuptiGetResultString(r, &s);
     Die(absl::StrCat(what, ": ", s ? s : "CUPTI error"));
   }
+}
+
+// A kernel's name without its namespaces, template arguments and parameters (CUPTI gives the
+// mangled name).
+std::string ShortName(const std::string& mangled) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : mangled;
+  std::free(demangled);
+  for (size_t at; (at = name.find("(anonymous namespace)::")) != std::string::npos;) {
+    name.erase(at, 23);
+  }
+  std::string n = name.substr(0, name.find_first_of("<("));
+  const size_t colon = n.rfind("::");
+  if (colon != std::string::npos) n = n.substr(colon + 2);
+  const size_t space = n.rfind(' ');
+  return space == std::string::npos ? n : n.substr(space + 1);
+}
+
+// What each kernel adds to the step's time: the records in end order, each credited with the
+// time from the previous end (or its own start, if later) to its own end; the time between a
+// record's start and the previous end is a gap ("(gap) after" the kernel before it; the one
+// after a step's last kernel is the host's time between steps). The shares and gaps sum to the
+// span, so with launches that overlap the one before (programmatic dependent launch) a kernel is
+// charged only for the time the step waited on it, not for the time it spent waiting itself.
+// Keys: the short name, the grid, and the kernel before (which tells a layer's GEMVs of one
+// shape apart).
+std::map<std::string, double> CriticalPath(std::vector<KernelRecord> records, double* gaps_ns) {
+  std::sort(records.begin(), records.end(),
+            [](const KernelRecord& a, const KernelRecord& b) { return a.end < b.end; });
+  std::map<std::string, double> share;
+  *gaps_ns = 0;
+  uint64_t frontier = 0;
+  std::string before = "start";
+  for (const KernelRecord& r : records) {
+    const std::string name = ShortName(r.name);
+    if (frontier != 0 && r.start > frontier) {
+      *gaps_ns += static_cast<double>(r.start - frontier);
+      share["(gap) after " + before] += static_cast<double>(r.start - frontier);
+    }
+    const uint64_t from = frontier == 0 ? r.start : std::max(frontier, r.start);
+    if (r.end > from) {
+      share[absl::StrCat(name, " [", r.grid, " CTAs] after ", before)] +=
+          static_cast<double>(r.end - from);
+    }
+    frontier = std::max(frontier, r.end);
+    before = name;
+  }
+  return share;
 }
 
 // ---- the device ----
@@ -186,6 +238,8 @@ struct Point {
   std::string skipped;  // why, when it did not run
   double step_ms = 0, device_ms = 0, kv_gb = 0, floor_ms = 0;
   double category_ms[kNumCategories] = {}, kernels_ms = 0, profiled_wall_ms = 0;
+  std::map<std::string, double> critical_ms;  // CriticalPath, ms per step
+  double critical_gaps_ms = 0;
   double tokens_per_s() const { return step_ms > 0 ? 1e3 * batch / step_ms : 0; }
 };
 
@@ -271,13 +325,28 @@ class Runner {
       cuptiGetTimestamp(&t1);
       CheckCupti(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
       std::map<std::string, double> by_name;  // ns
+      std::vector<KernelRecord> inside;
       std::lock_guard<std::mutex> lock(g_records_mu);
       for (const KernelRecord& r : g_records) {
         if (r.start < t0 || r.end > t1) continue;
         p.category_ms[r.category] += (r.end - r.start) * 1e-6 / profile_steps;
         by_name[r.name] += static_cast<double>(r.end - r.start);
+        inside.push_back(r);
       }
       g_records.clear();
+      double gaps_ns = 0;
+      for (const auto& [key, ns] : CriticalPath(std::move(inside), &gaps_ns)) {
+        p.critical_ms[key] = ns * 1e-6 / profile_steps;
+      }
+      p.critical_gaps_ms = gaps_ns * 1e-6 / profile_steps;
+      std::vector<std::pair<double, std::string>> order;
+      for (const auto& [key, ms] : p.critical_ms) order.push_back({ms, key});
+      std::sort(order.rbegin(), order.rend());
+      std::fprintf(stderr, "    critical path, ms per step (%d x %d; gaps %.3f ms):\n", context,
+                   batch, p.critical_gaps_ms);
+      for (const auto& [ms, key] : order) {
+        if (ms >= 0.005) std::fprintf(stderr, "      %8.3f  %s\n", ms, key.c_str());
+      }
       for (int c = 0; c < kNumCategories; ++c) p.kernels_ms += p.category_ms[c];
       p.profiled_wall_ms = 1e3 * w / profile_steps;
       if (by_name.empty()) std::fprintf(stderr, "    (CUPTI recorded no kernels)\n");
@@ -330,6 +399,9 @@ json PointJson(const Point& p) {
     b["gaps"] = std::max(0.0, p.profiled_wall_ms - p.kernels_ms);
     b["profiled_step_ms"] = p.profiled_wall_ms;
     j["breakdown_ms"] = b;
+    json c = p.critical_ms;
+    c["gaps"] = p.critical_gaps_ms;
+    j["critical_path_ms"] = c;
   }
   return j;
 }
