@@ -259,15 +259,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// CTAs of one wave of kernel k on the current device, asked once per kernel (the queries are
-// not stream work, so they may run inside graph capture).
-template <typename Kernel>
-int OneWave(Kernel k) {
-  static const int ctas = [&] {
+// CTAs of one wave of `kernel` on the current device, asked once per kernel: a template per
+// kernel, as kernels of one type (GemvKernel with and without kOverlap) share a function-local
+// static otherwise. The queries are not stream work, so they may run inside graph capture.
+template <auto kernel>
+int OneWave() {
+  static const int ctas = [] {
     int device = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, 0) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) !=
+            cudaSuccess) {
       return 8192;
     }
     return std::max(1, sms * per_sm);
@@ -279,7 +281,7 @@ template <typename T, int R, bool kOverlap>
 cudaError_t LaunchRowsAs(const T* x, int in, const T* w, int out, float* y, bool accumulate,
                        cudaStream_t stream, const GemvVariant& v) {
   // One warp per row of W; past the cap the grid-stride loop covers the rest.
-  const int cap = v.one_wave ? OneWave(GemvKernel<T, R, kOverlap>) : 8192;
+  const int cap = v.one_wave ? OneWave<GemvKernel<T, R, kOverlap>>() : 8192;
   const int blocks = std::max(1, std::min((out + kWarps - 1) / kWarps, cap));
   return LaunchKernel(kOverlap, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
                       GemvKernel<T, R, kOverlap>, x, in, w, out, y, accumulate);
