@@ -71,6 +71,9 @@ ABSL_FLAG(bool, gpu_gemv_overlap, true,
 ABSL_FLAG(bool, gpu_gemv_fused_norm, true,
           "at 1-2 rows, the layers' RMS norms inside the GEMVs after them and SwiGLU inside "
           "gate/up's (three launches fewer per layer); EngineOptions::gpu_gemv_fused_norm");
+ABSL_FLAG(bool, gpu_gemv_normed_one_wave, true,
+          "the GEMVs that normalise their input in one wave of CTAs, each warp taking several "
+          "rows; EngineOptions::gpu_gemv_normed_one_wave");
 ABSL_FLAG(bool, gpu_early_launches, true,
           "a layer's kernels between its GEMVs launched as programmatic dependents of the one "
           "before, attention asking for its pages while the query gather runs; "
@@ -485,6 +488,7 @@ int Main() {
     o.gpu_fused_layer_ops = absl::GetFlag(FLAGS_gpu_fused_layer_ops);
     o.gpu_gemv_overlap = absl::GetFlag(FLAGS_gpu_gemv_overlap);
     o.gpu_gemv_fused_norm = absl::GetFlag(FLAGS_gpu_gemv_fused_norm);
+    o.gpu_gemv_normed_one_wave = absl::GetFlag(FLAGS_gpu_gemv_normed_one_wave);
     o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);

@@ -86,6 +86,11 @@ struct EngineOptions {
   // and gate/up's GEMV writes silu(gate)·up itself: three launches fewer per layer, the same
   // results bit for bit on rows of 4,096 (kernels::GemvRmsNormed); false: separate launches.
   bool gpu_gemv_fused_norm = true;
+  // cuda: those GEMVs that normalise their input run one wave of CTAs, each warp taking several
+  // rows, so each CTA computes the norm once and no later wave starts with it
+  // (kernels::GemvVariant::one_wave; 1-3 % off an 8B decode step at batch 1-2,
+  // docs/benchmarks/engine-gpu.md). The same results; false: a CTA per 8 rows.
+  bool gpu_gemv_normed_one_wave = true;
   // cuda: each layer multiplies [wq; wk; wv] and [w_gate; w_up] as one matrix each, and does
   // the biases, q/k norms and RoPE in one launch (and a few format conversions inside the
   // launches next to them); false: one launch per step (the same arithmetic; for comparison).

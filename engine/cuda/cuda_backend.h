@@ -44,6 +44,8 @@ struct CudaBackendOptions {
   // The layers' RMS norms inside the GEMVs after them, SwiGLU inside gate/up's
   // (EngineOptions::gpu_gemv_fused_norm).
   bool gemv_fused_norm = true;
+  // Those GEMVs in one wave of CTAs (EngineOptions::gpu_gemv_normed_one_wave).
+  bool gemv_normed_one_wave = true;
   // One GEMM for q, k and v and one for gate and up, and the launches between them merged
   // (EngineOptions::gpu_fused_layer_ops).
   bool fused_layer_ops = true;

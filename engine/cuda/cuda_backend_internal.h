@@ -25,6 +25,7 @@
 #include "engine/cuda/device_page_copy.h"
 #include "engine/cuda/device_sampler.h"
 #include "kernels/cuda/chunk_attention.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/split_decode.h"
 
@@ -189,6 +190,12 @@ class CudaBackend final : public Backend {
   // Whether a pass of T tokens runs each layer's RMS norms inside the GEMVs after them
   // (CudaBackendOptions::gemv_fused_norm): then hn_ is never written, the GEMVs read x_.
   bool NormInGemv(int T, const LayerDeviceWeights& w) const;
+  // The launch of those GEMVs (CudaBackendOptions::gemv_normed_one_wave).
+  kernels::GemvVariant NormedGemv() const {
+    kernels::GemvVariant v;
+    v.one_wave = options_.gemv_normed_one_wave;
+    return v;
+  }
   // q_, k_, v_ from hn_ (or RMSNorm(x_) when norm_in_gemv): the projections, their biases,
   // q/k norms and RoPE.
   absl::Status AttentionInputs(const LayerDeviceWeights& w, int T, bool norm_in_gemv);

@@ -268,10 +268,10 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T,
   if (options_.fused_layer_ops) {
     // wq, wk and wv lie back to back (UploadWeights): one GEMM, then one launch for the heads.
     if (norm_in_gemv) {
-      KV_CUDA_RETURN_IF_ERROR(kernels::GemvRmsNormed(x_.as<float>(), T, H, w.attn_norm, eps, w.wq,
-                                                     qdim + 2 * kvdim, qkv_.as<float>(), type_,
-                                                     stream_),
-                              "GemvRmsNormed");
+      KV_CUDA_RETURN_IF_ERROR(
+          kernels::GemvRmsNormed(x_.as<float>(), T, H, w.attn_norm, eps, w.wq, qdim + 2 * kvdim,
+                                 qkv_.as<float>(), type_, stream_, NormedGemv()),
+          "GemvRmsNormed");
     } else {
       KV_RETURN_IF_ERROR(
           Gemm(hn_.as<void>(), T, H, w.wq, qdim + 2 * kvdim, qkv_.as<float>(), false));
@@ -329,10 +329,10 @@ absl::Status CudaBackend::Mlp(const LayerDeviceWeights& w, int T, bool norm_in_g
   const int H = cfg_.hidden_size, inter = cfg_.intermediate_size;
   if (norm_in_gemv) {
     // w_gate and w_up lie back to back: one launch gives silu(gate)·up of RMSNorm(x_).
-    KV_CUDA_RETURN_IF_ERROR(kernels::GemvRmsNormedSwiGlu(x_.as<float>(), T, H, w.ffn_norm,
-                                                         cfg_.rms_norm_eps, w.w_gate, inter,
-                                                         act_.as<void>(), type_, stream_),
-                            "GemvRmsNormedSwiGlu");
+    KV_CUDA_RETURN_IF_ERROR(
+        kernels::GemvRmsNormedSwiGlu(x_.as<float>(), T, H, w.ffn_norm, cfg_.rms_norm_eps, w.w_gate,
+                                     inter, act_.as<void>(), type_, stream_, NormedGemv()),
+        "GemvRmsNormedSwiGlu");
   } else if (options_.fused_layer_ops) {
     // w_gate and w_up lie back to back: one GEMM gives each row's [gate | up].
     KV_RETURN_IF_ERROR(Gemm(hn_.as<void>(), T, H, w.w_gate, 2 * inter, gate_.as<float>(), false));

@@ -308,32 +308,55 @@ cudaError_t Launch(const void* x, int rows, int in, const void* w, int out, floa
   }
 }
 
-template <typename T>
-cudaError_t LaunchNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
-                         const void* w, int out, float* y, void* act, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(std::max(1, std::min((out + kWarps - 1) / kWarps, 8192))));
-  const size_t smem = static_cast<size_t>(rows) * in * sizeof(T);
-  const T* wt = static_cast<const T*>(w);
-  uint16_t* a = static_cast<uint16_t*>(act);
+// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit the device at once (at
+// least 1; 8192 if the device cannot be asked). Not cached: smem follows the rows' length.
+template <typename Kernel>
+int WaveWith(Kernel kernel, size_t smem) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
+          cudaSuccess) {
+    return 8192;
+  }
+  return std::max(1, sms * per_sm);
+}
+
+template <typename T, int R>
+cudaError_t LaunchNormedRows(const float* x, int in, const float* norm_weight, float eps,
+                             const T* w, int out, float* y, void* act, cudaStream_t stream,
+                             const GemvVariant& v) {
+  const size_t smem = static_cast<size_t>(R) * in * sizeof(T);
+  // One warp per row, or (one_wave) as many CTAs as fit at once, each warp taking several rows:
+  // each CTA normalises the rows once, and no CTA of a later wave starts with the norm.
+  const int cap = v.one_wave ? WaveWith(GemvNormedKernel<T, R>, smem) : 8192;
+  const dim3 grid(static_cast<unsigned>(std::max(1, std::min((out + kWarps - 1) / kWarps, cap))));
   // RmsNormTo's threads for a row of in / 4 float4s, up to kNormMaxVec each (model_ops.cu).
   const int per_thread = (in / 4 + 3) / 4;
   const int norm_threads = std::min(1024, std::max(32, (per_thread + 31) / 32 * 32));
-  return rows == 1 ? LaunchKernel(true, grid, dim3(kThreads), smem, stream, GemvNormedKernel<T, 1>,
-                                  x, in, norm_weight, eps, norm_threads, wt, out, y, a)
-                   : LaunchKernel(true, grid, dim3(kThreads), smem, stream, GemvNormedKernel<T, 2>,
-                                  x, in, norm_weight, eps, norm_threads, wt, out, y, a);
+  return LaunchKernel(true, grid, dim3(kThreads), smem, stream, GemvNormedKernel<T, R>, x, in,
+                      norm_weight, eps, norm_threads, w, out, y, static_cast<uint16_t*>(act));
+}
+
+template <typename T>
+cudaError_t LaunchNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
+                         const void* w, int out, float* y, void* act, cudaStream_t stream,
+                         const GemvVariant& v) {
+  const T* wt = static_cast<const T*>(w);
+  return rows == 1 ? LaunchNormedRows<T, 1>(x, in, norm_weight, eps, wt, out, y, act, stream, v)
+                   : LaunchNormedRows<T, 2>(x, in, norm_weight, eps, wt, out, y, act, stream, v);
 }
 
 cudaError_t Normed(const float* x, int rows, int in, const float* norm_weight, float eps,
-                   const void* w, int out, float* y, void* act, GemmType type,
-                   cudaStream_t stream) {
+                   const void* w, int out, float* y, void* act, GemmType type, cudaStream_t stream,
+                   const GemvVariant& v) {
   if (!GemvRmsNormedSupports(rows, in, type, x, norm_weight, w) || out <= 0 ||
       (act == nullptr && y == nullptr)) {
     return cudaErrorInvalidValue;
   }
   return type == GemmType::kBf16
-             ? LaunchNormed<__nv_bfloat16>(x, rows, in, norm_weight, eps, w, out, y, act, stream)
-             : LaunchNormed<__half>(x, rows, in, norm_weight, eps, w, out, y, act, stream);
+             ? LaunchNormed<__nv_bfloat16>(x, rows, in, norm_weight, eps, w, out, y, act, stream, v)
+             : LaunchNormed<__half>(x, rows, in, norm_weight, eps, w, out, y, act, stream, v);
 }
 
 }  // namespace
@@ -349,16 +372,17 @@ bool GemvRmsNormedSupports(int rows, int in, GemmType type, const float* x,
 }
 
 cudaError_t GemvRmsNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
-                          const void* w, int out, float* y, GemmType type, cudaStream_t stream) {
+                          const void* w, int out, float* y, GemmType type, cudaStream_t stream,
+                          const GemvVariant& variant) {
   if (y == nullptr) return cudaErrorInvalidValue;
-  return Normed(x, rows, in, norm_weight, eps, w, out, y, nullptr, type, stream);
+  return Normed(x, rows, in, norm_weight, eps, w, out, y, nullptr, type, stream, variant);
 }
 
 cudaError_t GemvRmsNormedSwiGlu(const float* x, int rows, int in, const float* norm_weight,
                                 float eps, const void* w, int out, void* act, GemmType type,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const GemvVariant& variant) {
   if (act == nullptr || reinterpret_cast<uintptr_t>(act) % 2 != 0) return cudaErrorInvalidValue;
-  return Normed(x, rows, in, norm_weight, eps, w, out, nullptr, act, type, stream);
+  return Normed(x, rows, in, norm_weight, eps, w, out, nullptr, act, type, stream, variant);
 }
 
 bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w) {

@@ -21,8 +21,8 @@ inline constexpr int kGemvMaxRows = 4;
 bool GemvSupports(int rows, int in, GemmType type, const void* x, const void* w);
 
 // How the kernel is launched. The defaults are the form measured end to end on the H200
-// (docs/benchmarks/engine-gpu.md); the other two are written and CPU-compiled but not yet run on a
-// GPU (kvstrata_bench_gemv and the GPU test measure and check them side by side).
+// (docs/benchmarks/engine-gpu.md); kvstrata_bench_gemv times the variants side by side and the
+// GPU test checks each.
 struct GemvVariant {
   // At most one wave of CTAs, each warp taking rows n, n + warps of the grid, ...; false: one
   // warp per row, as many CTAs as that takes (the tail wave runs part-empty).
@@ -53,14 +53,18 @@ bool GemvRmsNormedSupports(int rows, int in, GemmType type, const float* x,
                            const float* norm_weight, const void* w);
 
 // y fp32 [rows][out] = RMSNorm(x) · Wᵀ, W [out][in].
+// Of `variant`, one_wave applies (the launch always overlaps the kernel before): as many CTAs
+// as fit at once, each warp taking several rows, so each CTA computes the norm once and none
+// starts with it after the first wave.
 cudaError_t GemvRmsNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
-                          const void* w, int out, float* y, GemmType type, cudaStream_t stream);
+                          const void* w, int out, float* y, GemmType type, cudaStream_t stream,
+                          const GemvVariant& variant = {});
 
 // The MLP's front in one launch: W [2·out][in] holds the gate rows then the up rows, and
 // act `type` [rows][out] = silu(g)·u for g, u = RMSNorm(x) · (gate row n, up row n), as
 // SwiGluTo writes it; the products themselves are never written out.
 cudaError_t GemvRmsNormedSwiGlu(const float* x, int rows, int in, const float* norm_weight,
                                 float eps, const void* w, int out, void* act, GemmType type,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const GemvVariant& variant = {});
 
 }  // namespace kvstrata::kernels

@@ -101,7 +101,8 @@ TEST(GemvGpu, MatchesTheProductInDouble) {
 // The GEMV of RMSNorm(x), plain or SwiGLU, with x written by the kernel right before it over a
 // buffer of other values. Against (1) RmsNormTo + Gemv (+ SwiGluTo) on the GPU: the same bits
 // (rows of up to 4,096 values); (2) the same math in double.
-void CheckNormed(int rows, int in, int out, bool swiglu, GemmType type, uint32_t seed) {
+void CheckNormed(int rows, int in, int out, bool swiglu, GemmType type, uint32_t seed,
+                 const GemvVariant& fused = {}) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   auto round = [&](float f) {
@@ -141,10 +142,10 @@ void CheckNormed(int rows, int in, int out, bool swiglu, GemmType type, uint32_t
   ASSERT_EQ(cudaMemsetAsync(dx, 0x7f, n * 4, stream), cudaSuccess);
   ASSERT_EQ(ConvertFloat(dsrc, n, dx, GemmType::kFp32, stream), cudaSuccess);
   if (swiglu) {
-    ASSERT_EQ(GemvRmsNormedSwiGlu(dx, rows, in, dnw, eps, dw, out, dact, type, stream),
+    ASSERT_EQ(GemvRmsNormedSwiGlu(dx, rows, in, dnw, eps, dw, out, dact, type, stream, fused),
               cudaSuccess);
   } else {
-    ASSERT_EQ(GemvRmsNormed(dx, rows, in, dnw, eps, dw, out, dy, type, stream), cudaSuccess);
+    ASSERT_EQ(GemvRmsNormed(dx, rows, in, dnw, eps, dw, out, dy, type, stream, fused), cudaSuccess);
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
@@ -159,7 +160,8 @@ void CheckNormed(int rows, int in, int out, bool swiglu, GemmType type, uint32_t
   }
   const std::string what = std::string(swiglu ? "SwiGLU" : "plain") + " rows " +
                            std::to_string(rows) + " in " + std::to_string(in) + " out " +
-                           std::to_string(out) + (type == GemmType::kBf16 ? " bf16" : " fp16");
+                           std::to_string(out) + (type == GemmType::kBf16 ? " bf16" : " fp16") +
+                           (fused.one_wave ? ", one wave" : "");
   if (in <= 4096) {
     if (swiglu) {
       EXPECT_EQ(std::memcmp(act.data(), act_ref.data(), act.size() * 2), 0) << what;
@@ -228,6 +230,11 @@ TEST(GemvGpu, NormedInputMatchesTheNormThenTheProduct) {
       CheckNormed(2, 1032, 300, swiglu, type, seed++);
       CheckNormed(1, 256, 70000, swiglu, type, seed++);
       CheckNormed(1, 8192, 500, swiglu, type, seed++);  // past RmsNormTo's 256 threads
+      // One wave of CTAs, each warp taking several rows (the same bits as the launches above).
+      const GemvVariant one_wave{.one_wave = true};
+      CheckNormed(1, 4096, swiglu ? 12288 : 6144, swiglu, type, seed++, one_wave);
+      CheckNormed(2, 4096, swiglu ? 12288 : 6144, swiglu, type, seed++, one_wave);
+      CheckNormed(1, 256, 70000, swiglu, type, seed++, one_wave);
     }
   }
 }
