@@ -259,21 +259,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// CTAs of one wave of `kernel` on the current device, asked once per kernel: a template per
-// kernel, as kernels of one type (GemvKernel with and without kOverlap) share a function-local
-// static otherwise. The queries are not stream work, so they may run inside graph capture.
+// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit the device at once (at
+// least 1; 8192 if the device cannot be asked). Host queries, not stream work: they may run
+// inside graph capture.
+template <typename Kernel>
+int WaveWith(Kernel kernel, size_t smem) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
+          cudaSuccess) {
+    return 8192;
+  }
+  return std::max(1, sms * per_sm);
+}
+
+// WaveWith(kernel, 0), asked once per kernel: a template per kernel, as kernels of one type
+// (GemvKernel with and without kOverlap) would share a function-local static otherwise.
 template <auto kernel>
 int OneWave() {
-  static const int ctas = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) !=
-            cudaSuccess) {
-      return 8192;
-    }
-    return std::max(1, sms * per_sm);
-  }();
+  static const int ctas = WaveWith(kernel, 0);
   return ctas;
 }
 
@@ -308,27 +313,14 @@ cudaError_t Launch(const void* x, int rows, int in, const void* w, int out, floa
   }
 }
 
-// CTAs of `kernel` with `smem` bytes of dynamic shared memory that fit the device at once (at
-// least 1; 8192 if the device cannot be asked). Not cached: smem follows the rows' length.
-template <typename Kernel>
-int WaveWith(Kernel kernel, size_t smem) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) !=
-          cudaSuccess) {
-    return 8192;
-  }
-  return std::max(1, sms * per_sm);
-}
-
 template <typename T, int R>
 cudaError_t LaunchNormedRows(const float* x, int in, const float* norm_weight, float eps,
                              const T* w, int out, float* y, void* act, cudaStream_t stream,
                              const GemvVariant& v) {
   const size_t smem = static_cast<size_t>(R) * in * sizeof(T);
   // One warp per row, or (one_wave) as many CTAs as fit at once, each warp taking several rows:
-  // each CTA normalises the rows once, and no CTA of a later wave starts with the norm.
+  // each CTA normalises the rows once, and no CTA of a later wave starts with the norm. Asked
+  // per launch (smem follows the rows' length; a decode graph asks once, at capture).
   const int cap = v.one_wave ? WaveWith(GemvNormedKernel<T, R>, smem) : 8192;
   const dim3 grid(static_cast<unsigned>(std::max(1, std::min((out + kWarps - 1) / kWarps, cap))));
   // RmsNormTo's threads for a row of in / 4 float4s, up to kNormMaxVec each (model_ops.cu).

@@ -105,8 +105,10 @@ __global__ void __launch_bounds__(kThreads) Bf16WindowKernel(SplitDecodeCudaPara
 // every slot first (shared memory, dynamic: one float per slot), then each thread sums four
 // channels over a share of the slots. The first kMergeHeld slots of a thread's share are loaded
 // as soon as the partials are there, beside the slots' lse, so the weights' reductions and the
-// outputs' loads overlap (SplitDecodeVariant::merge_early_loads: 16; 0: every load after the
-// weights, as before).
+// outputs' loads overlap (SplitDecodeVariant::merge_early_loads: kMergeEarlyLoads; 0: every load
+// after the weights, as before).
+constexpr int kMergeEarlyLoads = 16;
+
 template <int D, int kMergeHeld>
 __global__ void __launch_bounds__(kThreads)
     MergeParallelKernel(SplitDecodeCudaParams p, Workspace ws) {
@@ -461,7 +463,7 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     if (v.parallel_merge) {
       e = v.merge_early_loads
               ? LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float),
-                             stream, MergeParallelKernel<D, 16>, p, ws)
+                             stream, MergeParallelKernel<D, kMergeEarlyLoads>, p, ws)
               : LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float),
                              stream, MergeParallelKernel<D, 0>, p, ws);
     } else {
