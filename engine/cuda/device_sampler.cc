@@ -34,10 +34,15 @@ struct Layout {
   }
 };
 
+// Bytes of the kernel's per-row counts, kept 16-byte aligned for the chunk results after them.
+size_t DoneBytes(int rows) { return (static_cast<size_t>(rows) * 4 + 15) / 16 * 16; }
+
 }  // namespace
 
-absl::Status DeviceSampler::Reserve(int rows, int64_t counts, cudaStream_t stream) {
-  if (rows <= row_capacity_ && counts <= count_capacity_) return absl::OkStatus();
+absl::Status DeviceSampler::Reserve(int rows, int64_t counts, int vocab, cudaStream_t stream) {
+  if (rows <= row_capacity_ && counts <= count_capacity_ && vocab == workspace_vocab_) {
+    return absl::OkStatus();
+  }
   // The previous pass may still read the old buffers.
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize (sampling)");
   row_capacity_ = std::max({rows, row_capacity_, 32});
@@ -45,6 +50,14 @@ absl::Status DeviceSampler::Reserve(int rows, int64_t counts, cudaStream_t strea
   const Layout layout(row_capacity_, count_capacity_);
   KV_CUDA_RETURN_IF_ERROR(staging_.Allocate(layout.end), "cudaMallocHost (sampling)");
   KV_CUDA_RETURN_IF_ERROR(arrays_.Allocate(layout.end), "cudaMalloc (sampling)");
+  // The kernel's scratch: a count per row (zero), then the chunks' results.
+  const size_t bytes =
+      DoneBytes(row_capacity_) + kernels::SampleChunkResultBytes(row_capacity_, vocab);
+  KV_CUDA_RETURN_IF_ERROR(workspace_.Allocate(bytes), "cudaMalloc (sampling workspace)");
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(workspace_.as<void>(), 0, DoneBytes(row_capacity_), stream),
+      "cudaMemsetAsync (sampling workspace)");
+  workspace_vocab_ = vocab;
   return absl::OkStatus();
 }
 
@@ -60,7 +73,7 @@ absl::Status DeviceSampler::Enqueue(float* logits, int vocab, const std::vector<
   }
   num_rows_ = n;
   if (n == 0) return absl::OkStatus();
-  if (absl::Status s = Reserve(n, counts, stream); !s.ok()) return s;
+  if (absl::Status s = Reserve(n, counts, vocab, stream); !s.ok()) return s;
   const Layout layout(row_capacity_, count_capacity_);
   uint8_t* h = staging_.as<uint8_t>();
   auto at = [&](int64_t offset) { return h + offset; };
@@ -104,6 +117,8 @@ absl::Status DeviceSampler::Enqueue(float* logits, int vocab, const std::vector<
   p.count_n = reinterpret_cast<const int32_t*>(dv + layout.n);
   p.out_token = reinterpret_cast<int32_t*>(arrays_.as<uint8_t>() + layout.out_token);
   p.out_logprob = reinterpret_cast<float*>(arrays_.as<uint8_t>() + layout.out_logprob);
+  p.chunks_done = workspace_.as<unsigned>();
+  p.chunk_results = workspace_.as<uint8_t>() + DoneBytes(row_capacity_);
   KV_CUDA_RETURN_IF_ERROR(kernels::LaunchSample(p, stream), "Sample");
   KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h + layout.out_token, dv + layout.out_token,
                                           layout.end - layout.out_token, cudaMemcpyDeviceToHost,

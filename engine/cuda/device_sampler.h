@@ -29,14 +29,16 @@ class DeviceSampler {
                std::vector<DeviceSampled>* out) const;
 
  private:
-  // Room for `rows` draws with `counts` penalised tokens in all (grows, never shrinks: the
-  // steady state allocates nothing).
-  absl::Status Reserve(int rows, int64_t counts, cudaStream_t stream);
+  // Room for `rows` draws with `counts` penalised tokens in all, and the kernel's workspace for
+  // `rows` rows of `vocab` (grows, never shrinks: the steady state allocates nothing).
+  absl::Status Reserve(int rows, int64_t counts, int vocab, cudaStream_t stream);
 
   const int device_;
   PinnedBuffer staging_;   // the draws' arrays, then the results
   DeviceBuffer arrays_;    // the same layout on the device
+  DeviceBuffer workspace_;  // kernels::SampleWorkspaceBytes, zeroed when allocated
   int row_capacity_ = 0;
+  int workspace_vocab_ = 0;  // the vocabulary workspace_ was sized for (row_capacity_ rows)
   int64_t count_capacity_ = 0;
   int num_rows_ = 0;
 };

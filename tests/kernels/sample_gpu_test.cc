@@ -1,8 +1,11 @@
 // The GPU sampling kernel against the host Sampler: the same token from the same draw, for
-// vocabularies of odd and model sizes, greedy and tempered, with and without penalties.
+// vocabularies of odd and model sizes (one chunk of a row's CTAs to 75), greedy and tempered,
+// with and without penalties, a chunk of -inf logits; and the same draws again from the same
+// scratch (the kernel leaves its counts zero).
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -29,6 +32,12 @@ TEST(SampleGpu, DrawsTheHostSamplersTokens) {
     for (float& v : logits) v = normal(gen);
     // Row 0 (greedy): a tie for the maximum, where the first is taken.
     logits[vocab / 2] = logits[vocab - 1] = 40.0f;
+    // Rows 1 and 4 (tempered, greedy): their first chunk all -inf where there are several.
+    if (vocab > 2 * kSampleChunk) {
+      for (int r : {1, 4}) {
+        std::fill_n(logits.begin() + static_cast<size_t>(r) * vocab, kSampleChunk, -INFINITY);
+      }
+    }
 
     std::vector<int32_t> row, indptr{0}, token, count;
     std::vector<float> temperature, rep, freq, pres, expected_logprob;
@@ -78,13 +87,31 @@ TEST(SampleGpu, DrawsTheHostSamplersTokens) {
     p.count_n = ToDevice(count);
     p.out_token = ToDevice(std::vector<int32_t>(rows, -1));
     p.out_logprob = ToDevice(std::vector<float>(rows, 0.0f));
-    ASSERT_EQ(LaunchSample(p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<int32_t> got(rows);
-    std::vector<float> got_logprob(rows);
-    ASSERT_EQ(cudaMemcpy(got.data(), p.out_token, rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(got_logprob.data(), p.out_logprob, rows * 4, cudaMemcpyDeviceToHost),
+    p.chunk_results = ToDevice(std::vector<uint8_t>(SampleChunkResultBytes(rows, vocab)));
+    p.chunks_done = ToDevice(std::vector<unsigned>(rows, 0u));
+    // Twice from the same scratch, the logits uploaded afresh (the penalties change them).
+    std::vector<int32_t> got(rows), first(rows);
+    std::vector<float> got_logprob(rows), first_logprob(rows);
+    for (int pass = 0; pass < 2; ++pass) {
+      ASSERT_EQ(cudaMemcpy(p.logits, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(LaunchSample(p, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got.data(), p.out_token, rows * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got_logprob.data(), p.out_logprob, rows * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      if (pass == 0) {
+        first = got;
+        first_logprob = got_logprob;
+      }
+    }
+    EXPECT_EQ(got, first) << "vocab " << vocab << ": a second launch drew other tokens";
+    EXPECT_EQ(got_logprob, first_logprob) << "vocab " << vocab;
+    std::vector<unsigned> done(rows, 1u);
+    ASSERT_EQ(cudaMemcpy(done.data(), p.chunks_done, rows * 4, cudaMemcpyDeviceToHost),
               cudaSuccess);
+    EXPECT_EQ(done, std::vector<unsigned>(rows, 0u)) << "vocab " << vocab;
     for (int r = 0; r < rows; ++r) {
       ++total;
       // Sums in another order could move u · Σ across a boundary only within rounding: never
@@ -106,7 +133,9 @@ TEST(SampleGpu, DrawsTheHostSamplersTokens) {
                           static_cast<const void*>(p.count_token),
                           static_cast<const void*>(p.count_n),
                           static_cast<const void*>(p.out_token),
-                          static_cast<const void*>(p.out_logprob)}) {
+                          static_cast<const void*>(p.out_logprob),
+                          static_cast<const void*>(p.chunk_results),
+                          static_cast<const void*>(p.chunks_done)}) {
       cudaFree(const_cast<void*>(q));
     }
   }
