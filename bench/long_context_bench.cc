@@ -74,6 +74,10 @@ ABSL_FLAG(bool, gpu_gemv_fused_norm, true,
 ABSL_FLAG(bool, gpu_gemv_normed_one_wave, true,
           "the GEMVs that normalise their input in one wave of CTAs, each warp taking several "
           "rows; EngineOptions::gpu_gemv_normed_one_wave");
+ABSL_FLAG(bool, gpu_fused_kv_writes, true,
+          "decode steps write the cache in fewer launches: K/V rows and attention's queries "
+          "by the per-head launch, INT2 demotion of every layer in one launch at the step's "
+          "start; EngineOptions::gpu_fused_kv_writes");
 ABSL_FLAG(bool, gpu_early_launches, true,
           "a layer's kernels between its GEMVs launched as programmatic dependents of the one "
           "before, attention asking for its pages while the query gather runs; "
@@ -493,6 +497,7 @@ int Main() {
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);
     o.gpu_merge_early_loads = absl::GetFlag(FLAGS_gpu_merge_early_loads);
+    o.gpu_fused_kv_writes = absl::GetFlag(FLAGS_gpu_fused_kv_writes);
     o.gpu_sampling = true;
     o.kv_cache.format = format;
     o.kv_cache.capacity_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * 1e9);

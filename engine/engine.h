@@ -112,6 +112,12 @@ struct EngineOptions {
   // cuda: attention's merge loads the partial outputs beside their weights' lse rather than
   // after the weights (kernels::SplitDecodeVariant::merge_early_loads). The same results.
   bool gpu_merge_early_loads = true;
+  // cuda: decode steps write the cache in fewer launches: with identity rotations, each layer's
+  // per-head launch (biases, q/k norms, RoPE) writes the new K/V rows into their BF16 pages and
+  // the queries in attention's BF16 operand itself (no append or query-gather launch); and
+  // INT2 pages leaving the window are demoted for all layers in one launch at the step's start
+  // instead of one per layer. The same results; false: a launch for each, as before.
+  bool gpu_fused_kv_writes = true;
   std::string rotations_path;  // a rotation file (engine/rotations.h); "" = see below
   // When rotations_path is empty and the format is INT2: the rotation file in this folder
   // fitted on the loaded model (FindRotationFile), else identity rotations with a warning.

@@ -58,6 +58,8 @@ struct CudaBackendOptions {
   int window_pages_per_cta = 0;
   // Attention's merge loads its partials early (EngineOptions::gpu_merge_early_loads).
   bool merge_early_loads = true;
+  // Decode steps write the cache in fewer launches (EngineOptions::gpu_fused_kv_writes).
+  bool fused_kv_writes = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

@@ -196,9 +196,22 @@ class CudaBackend final : public Backend {
     v.one_wave = options_.gemv_normed_one_wave;
     return v;
   }
+  // A decode pass of the INT2 format whose pages to demote are demoted for every layer in one
+  // launch at its start (CudaBackendOptions::fused_kv_writes): the pages leaving the window
+  // were written by earlier steps, so no launch of this pass comes before them.
+  bool DemoteAtPassStart(const Plan& plan) const;
+  // The plan's pages that left the recent window, into the history's format: layer `layer`'s
+  // blocks, or with layer -1 every layer's in one launch (the INT2 formats only).
+  absl::Status Demote(const Plan& plan, int layer, bool early);
+  // Whether the layers' per-head launches write K/V into the pages and the split decode's
+  // queries themselves (CudaBackendOptions::fused_kv_writes): a decode pass with identity
+  // rotations whose demotion, if any, came at its start.
+  bool HeadsWriteCache(const Plan& plan) const;
   // q_, k_, v_ from hn_ (or RMSNorm(x_) when norm_in_gemv): the projections, their biases,
-  // q/k norms and RoPE.
-  absl::Status AttentionInputs(const LayerDeviceWeights& w, int T, bool norm_in_gemv);
+  // q/k norms and RoPE; with write_cache (HeadsWriteCache), K/V into the layer's pages and q
+  // into decode_q_half_ instead.
+  absl::Status AttentionInputs(const LayerDeviceWeights& w, int T, bool norm_in_gemv,
+                               const Plan& plan, int layer, bool write_cache);
   // x_ += the MLP of hn_ (or of RMSNorm(x_) when norm_in_gemv).
   absl::Status Mlp(const LayerDeviceWeights& w, int T, bool norm_in_gemv);
   // Every launch of a pass, from the embedding to the logits GEMM (what a graph captures).

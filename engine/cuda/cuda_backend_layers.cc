@@ -3,6 +3,9 @@
 // decode step's CUDA graph captures, and its capture and replay; the pass's plan comes from
 // cuda_backend_plan.cc.
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/status_macros.h"
 #include "engine/cuda/cuda_backend_internal.h"
 #include "kernels/cuda/append.h"
@@ -34,8 +37,67 @@ absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, i
   return absl::OkStatus();
 }
 
+bool CudaBackend::DemoteAtPassStart(const Plan& plan) const {
+  return options_.fused_kv_writes && plan.demote_pages > 0 && codec_layouts_.empty() &&
+         plan.chunk.num_items == 0 && plan.decode_items == plan.tokens;
+}
+
+bool CudaBackend::HeadsWriteCache(const Plan& plan) const {
+  return options_.fused_kv_writes && options_.fused_layer_ops && rot_.identity &&
+         plan.chunk.num_items == 0 && plan.decode_items == plan.tokens &&
+         (plan.demote_pages == 0 || DemoteAtPassStart(plan));
+}
+
+absl::Status CudaBackend::Demote(const Plan& plan, int layer, bool early) {
+  const kernels::KvGeometry& geo = cache_->geometry();
+  const int nkv = cfg_.num_kv_heads;
+  // A launch sees one layer (its pools offset to it), or all of them.
+  kernels::KvGeometry seen = geo;
+  if (layer >= 0) seen.num_layers = 1;
+  const int first = std::max(layer, 0);
+  const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
+  const uint8_t* bf16 = cache_->bf16_pool().base() + first * 2 * nkv * bf16_block;
+  uint8_t* history = const_cast<uint8_t*>(cache_->int2_pool()->base());
+  if (!codec_layouts_.empty()) {  // its blocks are laid out per layer: one layer a launch
+    kernels::DemoteCodecParams dp;
+    dp.bf16_pool = bf16;
+    dp.bf16_stride = cache_->bf16_pool().slot_bytes();
+    dp.history_pool = history;
+    dp.history_stride = cache_->int2_pool()->slot_bytes();
+    dp.src_slot = plan.demote_src;
+    dp.dst_slot = plan.demote_dst;
+    dp.num_pages = plan.demote_pages;
+    dp.num_pages_device = plan.demote_count;
+    dp.geometry = seen;
+    dp.codec = codec_layouts_[first];
+    if (codec_fragment_) {
+      dp.fragment = true;
+      std::memcpy(dp.fragment_levels, fragment_levels_, sizeof(fragment_levels_));
+    }
+    dp.overlap_previous = early;
+    KV_CUDA_RETURN_IF_ERROR(kernels::DemoteCodecPages(dp, stream_), "DemoteCodecPages");
+    return absl::OkStatus();
+  }
+  const int64_t int2_block = kernels::BlockBytes(geo, cache_->int2_encoding());
+  kernels::DemoteParams dp;
+  dp.bf16_pool = bf16;
+  dp.bf16_stride = cache_->bf16_pool().slot_bytes();
+  dp.int2_pool = history + first * 2 * nkv * int2_block;
+  dp.int2_stride = cache_->int2_pool()->slot_bytes();
+  dp.src_slot = plan.demote_src;
+  dp.dst_slot = plan.demote_dst;
+  dp.num_pages = plan.demote_pages;
+  dp.num_pages_device = plan.demote_count;
+  dp.clip = clips_.as<float>() + first * 2 * nkv;
+  dp.geometry = seen;
+  dp.overlap_previous = early;
+  KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::RunPass(const Plan& plan) {
   const int T = plan.tokens, H = cfg_.hidden_size;
+  if (DemoteAtPassStart(plan)) KV_RETURN_IF_ERROR(Demote(plan, /*layer=*/-1, /*early=*/false));
   KV_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(embedding_, type_, cfg_.vocab_size, H,
                                                    plan.ids, T, x_.as<float>(), stream_),
                           "EmbeddingGather");
@@ -94,7 +156,8 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
                                                hn_.as<void>(), ht, stream_),
                             "RmsNormTo");
   }
-  KV_RETURN_IF_ERROR(AttentionInputs(w, T, norm_in_gemv));
+  const bool heads_write_cache = HeadsWriteCache(plan);
+  KV_RETURN_IF_ERROR(AttentionInputs(w, T, norm_in_gemv, plan, layer, heads_write_cache));
   const int64_t per_layer = int64_t{nkv} * d * d;
   const int64_t all_layers = int64_t{cfg_.num_layers} * per_layer;
   const float* rk = rot_.identity ? nullptr : rotations_.as<float>() + layer * per_layer;
@@ -108,11 +171,11 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
                             "RotateHeads");
     qr = qr_.as<float>();
   }
-  // This layer's K'/V' into the BF16 pages: the launch sees one layer (its pools offset to it).
-  kernels::KvGeometry one_layer = geo;
-  one_layer.num_layers = 1;
-  const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
-  {
+  if (!heads_write_cache) {
+    // This layer's K'/V' into the BF16 pages: the launch sees one layer (its pools offset to it).
+    kernels::KvGeometry one_layer = geo;
+    one_layer.num_layers = 1;
+    const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
     kernels::AppendParams a;
     a.k_f32 = k_.as<float>();
     a.v_f32 = v_.as<float>();
@@ -127,39 +190,8 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     a.overlap_previous = early;
     KV_CUDA_RETURN_IF_ERROR(kernels::AppendRotatedRows(a, stream_), "AppendRotatedRows");
   }
-  if (plan.demote_pages > 0 && !codec_layouts_.empty()) {
-    kernels::DemoteCodecParams dp;
-    dp.bf16_pool = cache_->bf16_pool().base() + layer * 2 * nkv * bf16_block;
-    dp.bf16_stride = cache_->bf16_pool().slot_bytes();
-    dp.history_pool = const_cast<uint8_t*>(cache_->int2_pool()->base());
-    dp.history_stride = cache_->int2_pool()->slot_bytes();
-    dp.src_slot = plan.demote_src;
-    dp.dst_slot = plan.demote_dst;
-    dp.num_pages = plan.demote_pages;
-    dp.num_pages_device = plan.demote_count;
-    dp.geometry = one_layer;
-    dp.codec = codec_layouts_[layer];
-    if (codec_fragment_) {
-      dp.fragment = true;
-      std::memcpy(dp.fragment_levels, fragment_levels_, sizeof(fragment_levels_));
-    }
-    dp.overlap_previous = early;
-    KV_CUDA_RETURN_IF_ERROR(kernels::DemoteCodecPages(dp, stream_), "DemoteCodecPages");
-  } else if (plan.demote_pages > 0) {
-    const int64_t int2_block = kernels::BlockBytes(geo, cache_->int2_encoding());
-    kernels::DemoteParams dp;
-    dp.bf16_pool = cache_->bf16_pool().base() + layer * 2 * nkv * bf16_block;
-    dp.bf16_stride = cache_->bf16_pool().slot_bytes();
-    dp.int2_pool = const_cast<uint8_t*>(cache_->int2_pool()->base()) + layer * 2 * nkv * int2_block;
-    dp.int2_stride = cache_->int2_pool()->slot_bytes();
-    dp.src_slot = plan.demote_src;
-    dp.dst_slot = plan.demote_dst;
-    dp.num_pages = plan.demote_pages;
-    dp.num_pages_device = plan.demote_count;
-    dp.clip = clips_.as<float>() + layer * 2 * nkv;
-    dp.geometry = one_layer;
-    dp.overlap_previous = early;
-    KV_CUDA_RETURN_IF_ERROR(kernels::DemotePages(dp, stream_), "DemotePages");
+  if (plan.demote_pages > 0 && !DemoteAtPassStart(plan)) {
+    KV_RETURN_IF_ERROR(Demote(plan, layer, early));
   }
   // Attention, in rotated value space, into attn_. A pass of decode rows only, with no rotation
   // back, scatters them straight into the Wo GEMM's operand.
@@ -174,7 +206,9 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
   }
   if (plan.decode_items > 0) {
     const int nd = plan.decode_items;
-    if (options_.fused_layer_ops) {
+    if (heads_write_cache) {
+      // The per-head launch wrote decode_q_half_ (the rows are the pass's tokens, in order).
+    } else if (options_.fused_layer_ops) {
       KV_CUDA_RETURN_IF_ERROR(kernels::GatherRowsTo(qr, qdim, plan.decode_rows, nd,
                                                     decode_q_half_.as<void>(), GemmType::kBf16,
                                                     stream_, early),
@@ -258,8 +292,8 @@ bool CudaBackend::NormInGemv(int T, const LayerDeviceWeights& w) const {
                                         w.w_gate);
 }
 
-absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T,
-                                          bool norm_in_gemv) {
+absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T, bool norm_in_gemv,
+                                          const Plan& plan, int layer, bool write_cache) {
   const int H = cfg_.hidden_size, d = cfg_.head_dim;
   const int nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
   const int qdim = nh * d, kvdim = nkv * d;
@@ -296,6 +330,17 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T,
     p.q = q_.as<float>();
     p.k = k_.as<float>();
     p.v = v_.as<float>();
+    if (write_cache) {
+      const kernels::KvGeometry& geo = cache_->geometry();
+      p.geometry = geo;
+      p.geometry.num_layers = 1;  // the pool offset to the layer, as the append's
+      p.bf16_pool = const_cast<uint8_t*>(cache_->bf16_pool().base()) +
+                    layer * 2 * nkv * kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
+      p.slot_stride = cache_->bf16_pool().slot_bytes();
+      p.slot = plan.append_slot;
+      p.row = plan.append_row;
+      p.q_bf16 = decode_q_half_.as<uint16_t>();
+    }
     p.overlap_previous = options_.early_launches;
     KV_CUDA_RETURN_IF_ERROR(kernels::SplitQkvHeads(p, stream_), "SplitQkvHeads");
     return absl::OkStatus();

@@ -208,21 +208,30 @@ __global__ void SplitQkvHeadsKernel(QkvHeadsParams p) {
   const int t = static_cast<int>(row / heads), h = static_cast<int>(row % heads);
   const float* bias;
   const float* norm;
-  float* dst;
+  float* dst = nullptr;
+  uint16_t* dst_bf16 = nullptr;  // or the row in BF16 (a folded append or query gather)
   if (h < p.q_heads) {
     bias = p.bq ? p.bq + h * D : nullptr;
     norm = p.q_norm;
-    dst = p.q + (int64_t{t} * p.q_heads + h) * D;
-  } else if (h < p.q_heads + p.kv_heads) {
-    const int kh = h - p.q_heads;
-    bias = p.bk ? p.bk + kh * D : nullptr;
-    norm = p.k_norm;
-    dst = p.k + (int64_t{t} * p.kv_heads + kh) * D;
+    const int64_t at = (int64_t{t} * p.q_heads + h) * D;
+    if (p.q_bf16) {
+      dst_bf16 = p.q_bf16 + at;
+    } else {
+      dst = p.q + at;
+    }
   } else {
-    const int vh = h - p.q_heads - p.kv_heads;
-    bias = p.bv ? p.bv + vh * D : nullptr;
-    norm = nullptr;
-    dst = p.v + (int64_t{t} * p.kv_heads + vh) * D;
+    const int kind = h < p.q_heads + p.kv_heads ? 0 : 1;
+    const int kh = h - p.q_heads - kind * p.kv_heads;
+    const float* b = kind == 0 ? p.bk : p.bv;
+    bias = b ? b + kh * D : nullptr;
+    norm = kind == 0 ? p.k_norm : nullptr;
+    if (p.bf16_pool) {
+      uint8_t* block = p.bf16_pool + int64_t{p.slot[t]} * p.slot_stride +
+                       BlockOffset(p.geometry, PageEncoding::kBf16, 0, kind, kh);
+      dst_bf16 = reinterpret_cast<uint16_t*>(block) + p.row[t] * D;
+    } else {
+      dst = (kind == 0 ? p.k : p.v) + (int64_t{t} * p.kv_heads + kh) * D;
+    }
   }
   const float* src = p.qkv + row * D;
   float x[J];
@@ -263,8 +272,13 @@ __global__ void SplitQkvHeadsKernel(QkvHeadsParams p) {
       }
     }
   }
+  if (dst_bf16) {
 #pragma unroll
-  for (int j = 0; j < J; ++j) dst[lane + 32 * j] = x[j];
+    for (int j = 0; j < J; ++j) dst_bf16[lane + 32 * j] = FloatToBf16(x[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < J; ++j) dst[lane + 32 * j] = x[j];
+  }
 }
 
 __global__ void ConvertFloatKernel(const float* in, int64_t n, void* out, GemmType type) {
@@ -440,6 +454,7 @@ cudaError_t SplitQkvHeads(const QkvHeadsParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t{p.tokens} * (p.q_heads + 2 * p.kv_heads);
   if (rows <= 0) return cudaSuccess;
   if ((p.q_norm == nullptr) != (p.k_norm == nullptr)) return cudaErrorInvalidValue;
+  if (p.bf16_pool && (p.slot == nullptr || p.row == nullptr)) return cudaErrorInvalidValue;
   constexpr int kWarpsPerBlock = 8;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const dim3 grid(blocks), block(32 * kWarpsPerBlock);

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "kernels/kv_layout.h"
+
 namespace kvstrata::kernels {
 
 // The type GEMM operands (weights and the activations multiplied by them) are stored in.
@@ -70,10 +72,24 @@ struct QkvHeadsParams {
   float* q = nullptr;
   float* k = nullptr;
   float* v = nullptr;
+  // A decode step's next two launches folded in. With bf16_pool set, the K and V rows go into
+  // their BF16 pages as AppendRotatedRows writes them with identity rotations (kernels/cuda/
+  // append.h: slot and row per token, the pool offset to the layer, geometry of one layer)
+  // instead of k and v; with q_bf16 set, the q rows go there in BF16 [tokens][q_heads ·
+  // head_dim] (the split decode's queries, as GatherRowsTo writes them with rows 0..tokens-1)
+  // instead of q.
+  uint8_t* bf16_pool = nullptr;
+  int64_t slot_stride = 0;
+  const int32_t* slot = nullptr;  // [tokens]
+  const int32_t* row = nullptr;   // [tokens]
+  KvGeometry geometry;
+  uint16_t* q_bf16 = nullptr;
   // Launched as a programmatic dependent of the kernel before it (kernels/cuda/launch.cuh): the
   // launch overlaps that kernel's end; the kernel waits for it before touching memory.
   bool overlap_previous = false;
 };
+// cudaErrorInvalidValue for one of q_norm / k_norm without the other, a head_dim other than
+// 64, 128 or 256, or bf16_pool without slot and row.
 cudaError_t SplitQkvHeads(const QkvHeadsParams& p, cudaStream_t stream);
 
 // out [n] (of `type`: a rounding, or a copy for fp32) = in fp32 [n].

@@ -362,6 +362,54 @@ TEST_P(CudaEngineTest, OverlappedLaunchesDecodeAsPlainOnes) {
   EXPECT_EQ(a, b);
 }
 
+// Decode steps that write the cache with fewer launches (the per-head launch writing K/V into
+// the pages and attention's queries; every layer's INT2 demotion in one launch at the step's
+// start) give the tokens and logprobs the separate launches give, bit for bit, through
+// demotions: with identity rotations (both folds) and, for INT2, the fitted rotation file (the
+// demotion's only: the append then rotates).
+TEST_P(CudaEngineTest, FusedKvWritesDecodeAsSeparateLaunches) {
+  if (GetParam() == KvCacheFormat::kCodec) GTEST_SKIP() << "codec keeps a launch for each";
+  const std::string text = Licence("LGPL-2.1");
+  auto run = [&](Engine& e) {
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest r = Greedy(e, e.EncodeText(text.substr(i * 1500, 1200 + i * 800)), 160);
+      r.stop.ignore_eos = true;
+      ids.push_back(*e.Submit(r));
+    }
+    std::vector<std::vector<std::pair<int32_t, float>>> out(ids.size());
+    std::vector<GenerationEvent> events;
+    while (!e.scheduler().idle()) {
+      events.clear();
+      EXPECT_TRUE(e.scheduler().Step(&events).ok());
+      for (const GenerationEvent& ev : events) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] == ev.sequence_id && ev.token >= 0) out[i].push_back({ev.token, ev.logprob});
+        }
+      }
+    }
+    return out;
+  };
+  for (const bool identity : {true, false}) {
+    if (!identity && GetParam() == KvCacheFormat::kBf16) continue;  // no rotation file for BF16
+    auto tweak = [&](bool fused) {
+      return [identity, fused](EngineOptions& o) {
+        if (identity) o.default_rotations_dir = "";
+        o.gpu_fused_kv_writes = fused;
+      };
+    };
+    std::unique_ptr<Engine> fused =
+        Make(true, GpuWeights::kAuto, true, true, false, std::nullopt, true, tweak(true));
+    std::unique_ptr<Engine> apart =
+        Make(true, GpuWeights::kAuto, true, true, false, std::nullopt, true, tweak(false));
+    ASSERT_TRUE(fused && apart);
+    const auto a = run(*fused), b = run(*apart);
+    ASSERT_EQ(a.size(), 2u);
+    EXPECT_EQ(a[1].size(), 160u);
+    EXPECT_EQ(a, b) << (identity ? "identity rotations" : "the fitted rotations");
+  }
+}
+
 // One GEMM for q/k/v and one for gate/up with the per-head steps in one launch compute what a
 // launch per step does. With bf16 weights every product is the same (cuBLAS and the GEMV sum
 // each output alike at any width): the same logits, bit for bit, and the same greedy tokens.

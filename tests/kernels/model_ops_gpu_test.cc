@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/append.h"
 #include "kernels/numeric.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -337,6 +338,59 @@ TEST(ModelOpsGpu, SplitQkvHeadsIsBiasNormAndRope) {
         ExpectNear(FromDevice(dq, ref_q.size()), ref_q, 2e-5f, "q");
         ExpectNear(FromDevice(dk, ref_k.size()), ref_k, 2e-5f, "k");
         ExpectNear(FromDevice(dv, ref_v.size()), ref_v, 2e-5f, "v");
+        // The folded writes of a decode step: K/V rows into BF16 pages and q in BF16, the same
+        // bytes as AppendRotatedRows (identity rotations) and GatherRowsTo from the fp32 rows
+        // (the cache's head_dims).
+        if (d <= 128) {
+          const KvGeometry g{.num_layers = 1, .num_kv_heads = kvh, .head_dim = d, .group_size = d};
+          const int64_t stride = PageBytes(g, PageEncoding::kBf16);
+          const std::vector<int32_t> slot = {2, 0, 2, 1, 3}, row = {5, 63, 6, 0, 17};
+          const size_t pool_bytes = static_cast<size_t>(4 * stride);
+          const std::vector<uint8_t> zeros(pool_bytes, 0);
+          uint8_t* pool_fold = ToDevice(zeros);
+          uint8_t* pool_ref = ToDevice(zeros);
+          uint16_t* q_fold = ToDevice(std::vector<uint16_t>(ref_q.size(), 0));
+          uint16_t* q_ref = ToDevice(std::vector<uint16_t>(ref_q.size(), 0));
+          int32_t* dslot = ToDevice(slot);
+          int32_t* drow = ToDevice(row);
+          std::vector<int32_t> ids(tokens);
+          for (int t = 0; t < tokens; ++t) ids[t] = t;
+          int32_t* dids = ToDevice(ids);
+          QkvHeadsParams f = p;
+          f.bf16_pool = pool_fold;
+          f.slot_stride = stride;
+          f.slot = dslot;
+          f.row = drow;
+          f.geometry = g;
+          f.q_bf16 = q_fold;
+          ASSERT_EQ(SplitQkvHeads(f, nullptr), cudaSuccess);
+          AppendParams a;
+          a.k_f32 = dk;
+          a.v_f32 = dv;
+          a.num_tokens = tokens;
+          a.slot = dslot;
+          a.row = drow;
+          a.bf16_pool = pool_ref;
+          a.slot_stride = stride;
+          a.geometry = g;
+          ASSERT_EQ(AppendRotatedRows(a, nullptr), cudaSuccess);
+          ASSERT_EQ(GatherRowsTo(dq, qh * d, dids, tokens, q_ref, GemmType::kBf16, nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_EQ(FromDevice(pool_fold, pool_bytes), FromDevice(pool_ref, pool_bytes))
+              << "pages, head_dim " << d;
+          EXPECT_EQ(FromDevice(q_fold, ref_q.size()), FromDevice(q_ref, ref_q.size()))
+              << "queries, head_dim " << d;
+          QkvHeadsParams bad = f;
+          bad.row = nullptr;
+          EXPECT_EQ(SplitQkvHeads(bad, nullptr), cudaErrorInvalidValue);
+          for (void* ptr :
+               {static_cast<void*>(pool_fold), static_cast<void*>(pool_ref),
+                static_cast<void*>(q_fold), static_cast<void*>(q_ref), static_cast<void*>(dslot),
+                static_cast<void*>(drow), static_cast<void*>(dids)}) {
+            cudaFree(ptr);
+          }
+        }
         // One norm without the other is refused, as is a head_dim the kernel has no form for.
         QkvHeadsParams bad = p;
         bad.k_norm = nullptr;
