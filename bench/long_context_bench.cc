@@ -78,6 +78,9 @@ ABSL_FLAG(bool, gpu_fused_kv_writes, true,
           "decode steps write the cache in fewer launches: K/V rows and attention's queries "
           "by the per-head launch, INT2 demotion of every layer in one launch at the step's "
           "start; EngineOptions::gpu_fused_kv_writes");
+ABSL_FLAG(bool, gpu_gemv_normed_paired_rows, true,
+          "at 2 tokens, the normed GEMVs' warps stream two rows at once (gate and up for SwiGLU); "
+          "EngineOptions::gpu_gemv_normed_paired_rows");
 ABSL_FLAG(bool, gpu_early_launches, true,
           "a layer's kernels between its GEMVs launched as programmatic dependents of the one "
           "before, attention asking for its pages while the query gather runs; "
@@ -493,6 +496,7 @@ int Main() {
     o.gpu_gemv_overlap = absl::GetFlag(FLAGS_gpu_gemv_overlap);
     o.gpu_gemv_fused_norm = absl::GetFlag(FLAGS_gpu_gemv_fused_norm);
     o.gpu_gemv_normed_one_wave = absl::GetFlag(FLAGS_gpu_gemv_normed_one_wave);
+    o.gpu_gemv_normed_paired_rows = absl::GetFlag(FLAGS_gpu_gemv_normed_paired_rows);
     o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);

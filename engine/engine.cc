@@ -329,6 +329,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.gemv_overlap = options.gpu_gemv_overlap;
     cuda.gemv_fused_norm = options.gpu_gemv_fused_norm;
     cuda.gemv_normed_one_wave = options.gpu_gemv_normed_one_wave;
+    cuda.gemv_normed_paired_rows = options.gpu_gemv_normed_paired_rows;
     cuda.fused_layer_ops = options.gpu_fused_layer_ops;
     cuda.int2_quick_start = options.gpu_int2_quick_start;
     cuda.early_launches = options.gpu_early_launches;

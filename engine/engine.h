@@ -91,6 +91,11 @@ struct EngineOptions {
   // (kernels::GemvVariant::one_wave; 1-3 % off an 8B decode step at batch 1-2,
   // docs/benchmarks/engine-gpu.md). The same results; false: a CTA per 8 rows.
   bool gpu_gemv_normed_one_wave = true;
+  // cuda: in passes of 2 tokens, those GEMVs' warps stream two rows of the matrix at once
+  // (kernels::GemvVariant::paired_rows): twice the bytes in flight per warp (3-4 % off an 8B
+  // decode step of 2 sequences; at 1 sequence it cost 1 %, so it is not used there). The same
+  // results; false: one row after the other.
+  bool gpu_gemv_normed_paired_rows = true;
   // cuda: each layer multiplies [wq; wk; wv] and [w_gate; w_up] as one matrix each, and does
   // the biases, q/k norms and RoPE in one launch (and a few format conversions inside the
   // launches next to them); false: one launch per step (the same arithmetic; for comparison).

@@ -46,6 +46,8 @@ struct CudaBackendOptions {
   bool gemv_fused_norm = true;
   // Those GEMVs in one wave of CTAs (EngineOptions::gpu_gemv_normed_one_wave).
   bool gemv_normed_one_wave = true;
+  // Their warps stream two rows at once at 2 tokens (EngineOptions::gpu_gemv_normed_paired_rows).
+  bool gemv_normed_paired_rows = true;
   // One GEMM for q, k and v and one for gate and up, and the launches between them merged
   // (EngineOptions::gpu_fused_layer_ops).
   bool fused_layer_ops = true;

@@ -190,10 +190,13 @@ class CudaBackend final : public Backend {
   // Whether a pass of T tokens runs each layer's RMS norms inside the GEMVs after them
   // (CudaBackendOptions::gemv_fused_norm): then hn_ is never written, the GEMVs read x_.
   bool NormInGemv(int T, const LayerDeviceWeights& w) const;
-  // The launch of those GEMVs (CudaBackendOptions::gemv_normed_one_wave).
-  kernels::GemvVariant NormedGemv() const {
+  // The launch of those GEMVs for a pass of `rows` tokens (CudaBackendOptions::
+  // gemv_normed_one_wave, gemv_normed_paired_rows: at 2 tokens only, where it was measured to
+  // pay; at 1 it cost 1 %).
+  kernels::GemvVariant NormedGemv(int rows) const {
     kernels::GemvVariant v;
     v.one_wave = options_.gemv_normed_one_wave;
+    v.paired_rows = options_.gemv_normed_paired_rows && rows >= 2;
     return v;
   }
   // A decode pass of the INT2 format whose pages to demote are demoted for every layer in one

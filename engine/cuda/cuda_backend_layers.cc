@@ -304,7 +304,7 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T, bo
     if (norm_in_gemv) {
       KV_CUDA_RETURN_IF_ERROR(
           kernels::GemvRmsNormed(x_.as<float>(), T, H, w.attn_norm, eps, w.wq, qdim + 2 * kvdim,
-                                 qkv_.as<float>(), type_, stream_, NormedGemv()),
+                                 qkv_.as<float>(), type_, stream_, NormedGemv(T)),
           "GemvRmsNormed");
     } else {
       KV_RETURN_IF_ERROR(
@@ -376,7 +376,7 @@ absl::Status CudaBackend::Mlp(const LayerDeviceWeights& w, int T, bool norm_in_g
     // w_gate and w_up lie back to back: one launch gives silu(gate)·up of RMSNorm(x_).
     KV_CUDA_RETURN_IF_ERROR(
         kernels::GemvRmsNormedSwiGlu(x_.as<float>(), T, H, w.ffn_norm, cfg_.rms_norm_eps, w.w_gate,
-                                     inter, act_.as<void>(), type_, stream_, NormedGemv()),
+                                     inter, act_.as<void>(), type_, stream_, NormedGemv(T)),
         "GemvRmsNormedSwiGlu");
   } else if (options_.fused_layer_ops) {
     // w_gate and w_up lie back to back: one GEMM gives each row's [gate | up].

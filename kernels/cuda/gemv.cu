@@ -167,6 +167,70 @@ __device__ __forceinline__ void RowDot(const uint4* __restrict__ row, const uint
   }
 }
 
+// Two rows of W at once (rows a and b), their loads side by side so twice the bytes are in
+// flight per warp; each row's sums in RowDot's order (the same bits). `pre` holds row a's first
+// kUnroll chunks when `prefetched`.
+template <typename T, int R>
+__device__ __forceinline__ void RowDot2(const uint4* __restrict__ a, const uint4* __restrict__ b,
+                                        const uint4* xs, int chunks, int lane,
+                                        const uint4 (&pre)[kUnroll], bool prefetched,
+                                        float (&acc_a)[R], float (&acc_b)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc_a[r] = acc_b[r] = 0.0f;
+  int c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wa[kUnroll], wb[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wb[u] = __ldcs(b + c + 32 * u);
+    if (prefetched && c == lane) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wa[u] = pre[u];
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wa[u] = __ldcs(a + c + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float fa[8], fb[8];
+      ToFloat8<T>(wa[u], fa);
+      ToFloat8<T>(wb[u], fb);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float xf[8];
+        ToFloat8<T>(xs[r * chunks + c + 32 * u], xf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          acc_a[r] = fmaf(fa[i], xf[i], acc_a[r]);
+          acc_b[r] = fmaf(fb[i], xf[i], acc_b[r]);
+        }
+      }
+    }
+  }
+  for (; c < chunks; c += 32) {
+    float fa[8], fb[8];
+    ToFloat8<T>(__ldcs(a + c), fa);
+    ToFloat8<T>(__ldcs(b + c), fb);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float xf[8];
+      ToFloat8<T>(xs[r * chunks + c], xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        acc_a[r] = fmaf(fa[i], xf[i], acc_a[r]);
+        acc_b[r] = fmaf(fb[i], xf[i], acc_b[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+      acc_a[r] += __shfl_xor_sync(0xffffffffu, acc_a[r], s);
+      acc_b[r] += __shfl_xor_sync(0xffffffffu, acc_b[r], s);
+    }
+  }
+}
+
 __device__ __forceinline__ uint16_t ToBits(float f, __nv_bfloat16*) { return FloatToBf16(f); }
 __device__ __forceinline__ uint16_t ToBits(float f, __half*) { return FloatToFp16(f); }
 
@@ -177,8 +241,8 @@ __device__ __forceinline__ uint16_t ToBits(float f, __half*) { return FloatToFp1
 // not a launch of its own. Always launched as a programmatic dependent of the kernel before
 // (which writes x). Plain: y[r][n] = Σ W[n]·xn[r]. SwiGLU (act != nullptr): W has 2·out rows,
 // [gate | up], and act[r][n] = silu(g)·u of rows n and out + n, as SwiGluTo would write it.
-template <typename T, int R>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int R, bool kPaired>
+__global__ void __launch_bounds__(kThreads, kPaired ? 4 : 0)  // paired: still four CTAs an SM
     GemvNormedKernel(const float* __restrict__ x, int in, const float* __restrict__ norm_weight,
                      float eps, int norm_threads, const T* __restrict__ w, int out,
                      float* __restrict__ y, uint16_t* __restrict__ act) {
@@ -236,18 +300,41 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  for (int n = first; n < out; n += gridDim.x * kWarps) {
+  const int stride = gridDim.x * kWarps;
+  for (int n = first; n < out;) {
     float acc[R];
-    RowDot<T, R>(w4 + int64_t{n} * chunks, s_x, chunks, lane, pre, prefetched && n == first, acc);
     if (act == nullptr) {
+      const int next = n + stride;
+      if (kPaired && next < out) {  // rows n and n + stride together (GemvVariant::paired_rows)
+        float acc2[R];
+        RowDot2<T, R>(w4 + int64_t{n} * chunks, w4 + int64_t{next} * chunks, s_x, chunks, lane, pre,
+                      prefetched && n == first, acc, acc2);
+        if (lane == 0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            y[int64_t{r} * out + n] = acc[r];
+            y[int64_t{r} * out + next] = acc2[r];
+          }
+        }
+        n = next + stride;
+        continue;
+      }
+      RowDot<T, R>(w4 + int64_t{n} * chunks, s_x, chunks, lane, pre, prefetched && n == first, acc);
       if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) y[int64_t{r} * out + n] = acc[r];
       }
+      n = next;
       continue;
     }
     float up[R];
-    RowDot<T, R>(w4 + int64_t{out + n} * chunks, s_x, chunks, lane, pre, false, up);
+    if constexpr (kPaired) {  // the gate row and the up row together
+      RowDot2<T, R>(w4 + int64_t{n} * chunks, w4 + int64_t{out + n} * chunks, s_x, chunks, lane,
+                    pre, prefetched && n == first, acc, up);
+    } else {
+      RowDot<T, R>(w4 + int64_t{n} * chunks, s_x, chunks, lane, pre, prefetched && n == first, acc);
+      RowDot<T, R>(w4 + int64_t{out + n} * chunks, s_x, chunks, lane, pre, false, up);
+    }
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -256,6 +343,7 @@ __global__ void __launch_bounds__(kThreads)
         act[int64_t{r} * out + n] = ToBits(g / (1.0f + expf(-g)) * up[r], tag);
       }
     }
+    n += stride;
   }
 }
 
@@ -321,13 +409,14 @@ cudaError_t LaunchNormedRows(const float* x, int in, const float* norm_weight, f
   // One warp per row, or (one_wave) as many CTAs as fit at once, each warp taking several rows:
   // each CTA normalises the rows once, and no CTA of a later wave starts with the norm. Asked
   // per launch (smem follows the rows' length; a decode graph asks once, at capture).
-  const int cap = v.one_wave ? WaveWith(GemvNormedKernel<T, R>, smem) : 8192;
+  auto kernel = v.paired_rows ? GemvNormedKernel<T, R, true> : GemvNormedKernel<T, R, false>;
+  const int cap = v.one_wave ? WaveWith(kernel, smem) : 8192;
   const dim3 grid(static_cast<unsigned>(std::max(1, std::min((out + kWarps - 1) / kWarps, cap))));
   // RmsNormTo's threads for a row of in / 4 float4s, up to kNormMaxVec each (model_ops.cu).
   const int per_thread = (in / 4 + 3) / 4;
   const int norm_threads = std::min(1024, std::max(32, (per_thread + 31) / 32 * 32));
-  return LaunchKernel(true, grid, dim3(kThreads), smem, stream, GemvNormedKernel<T, R>, x, in,
-                      norm_weight, eps, norm_threads, w, out, y, static_cast<uint16_t*>(act));
+  return LaunchKernel(true, grid, dim3(kThreads), smem, stream, kernel, x, in, norm_weight, eps,
+                      norm_threads, w, out, y, static_cast<uint16_t*>(act));
 }
 
 template <typename T>

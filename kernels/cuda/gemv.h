@@ -30,6 +30,10 @@ struct GemvVariant {
   // Launched as a programmatic dependent of the kernel before it: the CTAs start streaming
   // their first weights while that kernel finishes, and read x once it has.
   bool overlap_previous = false;
+  // The normed GEMVs only: each warp streams two rows at once (rows n and n + the grid's warps;
+  // for SwiGLU, the gate and the up row), twice the bytes in flight per warp, each row summed
+  // in the same order (the same bits).
+  bool paired_rows = false;
 };
 
 // cudaErrorInvalidValue where GemvSupports is false.
@@ -53,9 +57,9 @@ bool GemvRmsNormedSupports(int rows, int in, GemmType type, const float* x,
                            const float* norm_weight, const void* w);
 
 // y fp32 [rows][out] = RMSNorm(x) · Wᵀ, W [out][in].
-// Of `variant`, one_wave applies (the launch always overlaps the kernel before): as many CTAs
-// as fit at once, each warp taking several rows, so each CTA computes the norm once and none
-// starts with it after the first wave.
+// Of `variant`, one_wave and paired_rows apply (the launch always overlaps the kernel before):
+// one_wave, as many CTAs as fit at once, each warp taking several rows, so each CTA computes
+// the norm once and none starts with it after the first wave.
 cudaError_t GemvRmsNormed(const float* x, int rows, int in, const float* norm_weight, float eps,
                           const void* w, int out, float* y, GemmType type, cudaStream_t stream,
                           const GemvVariant& variant = {});

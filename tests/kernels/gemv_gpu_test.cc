@@ -161,7 +161,8 @@ void CheckNormed(int rows, int in, int out, bool swiglu, GemmType type, uint32_t
   const std::string what = std::string(swiglu ? "SwiGLU" : "plain") + " rows " +
                            std::to_string(rows) + " in " + std::to_string(in) + " out " +
                            std::to_string(out) + (type == GemmType::kBf16 ? " bf16" : " fp16") +
-                           (fused.one_wave ? ", one wave" : "");
+                           (fused.one_wave ? ", one wave" : "") +
+                           (fused.paired_rows ? ", paired rows" : "");
   if (in <= 4096) {
     if (swiglu) {
       EXPECT_EQ(std::memcmp(act.data(), act_ref.data(), act.size() * 2), 0) << what;
@@ -235,6 +236,13 @@ TEST(GemvGpu, NormedInputMatchesTheNormThenTheProduct) {
       CheckNormed(1, 4096, swiglu ? 12288 : 6144, swiglu, type, seed++, one_wave);
       CheckNormed(2, 4096, swiglu ? 12288 : 6144, swiglu, type, seed++, one_wave);
       CheckNormed(1, 256, 70000, swiglu, type, seed++, one_wave);
+      // Two rows at a time per warp (the same bits): one wave, a row count that leaves some
+      // warps one row, a grid-stride tail, and rows that are not a multiple of the step.
+      const GemvVariant paired{.one_wave = true, .paired_rows = true};
+      CheckNormed(1, 4096, swiglu ? 12288 : 6144, swiglu, type, seed++, paired);
+      CheckNormed(2, 4096, swiglu ? 12288 : 6144, swiglu, type, seed++, paired);
+      CheckNormed(1, 256, 70000, swiglu, type, seed++, paired);
+      CheckNormed(2, 1032, 300, swiglu, type, seed++, GemvVariant{.paired_rows = true});
     }
   }
 }
