@@ -128,6 +128,40 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
     return r;
   }
 
+  // What a batch of greedy requests generated, per request: (token, logprob) in order.
+  using Generated = std::vector<std::vector<std::pair<int32_t, float>>>;
+
+  // The texts' prompts decoded greedily as one batch by the scheduler, max_tokens each (EOS
+  // ignored, so every request runs its length).
+  Generated DecodeTogether(Engine& e, const std::vector<std::string>& texts, int max_tokens) {
+    std::vector<uint64_t> ids;
+    for (const std::string& text : texts) {
+      GenerationRequest r = Greedy(e, e.EncodeText(text), max_tokens);
+      r.stop.ignore_eos = true;
+      ids.push_back(*e.Submit(r));
+    }
+    Generated out(ids.size());
+    std::vector<GenerationEvent> events;
+    while (!e.scheduler().idle()) {
+      events.clear();
+      EXPECT_TRUE(e.scheduler().Step(&events).ok());
+      for (const GenerationEvent& ev : events) {
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] == ev.sequence_id && ev.token >= 0) out[i].push_back({ev.token, ev.logprob});
+        }
+      }
+    }
+    return out;
+  }
+
+  static std::vector<std::vector<int32_t>> TokensOf(const Generated& g) {
+    std::vector<std::vector<int32_t>> tokens(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      for (const auto& [token, logprob] : g[i]) tokens[i].push_back(token);
+    }
+    return tokens;
+  }
+
   static std::shared_ptr<const model::LoadedModel>* model_;
   static std::shared_ptr<const model::LoadedModel>* perturbed_;
 };
@@ -300,26 +334,9 @@ TEST_P(CudaEngineTest, GraphReplayedDecodeStepsMatchLaunchedOnes) {
   std::unique_ptr<Engine> eager = Make(true, GpuWeights::kAuto, false);
   ASSERT_TRUE(graphs && eager);
   const std::string text = Licence("GPL-2");
-  auto run = [&](Engine& e) {
-    std::vector<uint64_t> ids;
-    for (int i = 0; i < 5; ++i) {
-      GenerationRequest r = Greedy(e, e.EncodeText(text.substr(i * 500, 150 + i * 300)), 150);
-      r.stop.ignore_eos = true;
-      ids.push_back(*e.Submit(r));
-    }
-    std::vector<std::vector<int32_t>> tokens(ids.size());
-    std::vector<GenerationEvent> events;
-    while (!e.scheduler().idle()) {
-      events.clear();
-      EXPECT_TRUE(e.scheduler().Step(&events).ok());
-      for (const GenerationEvent& ev : events) {
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (ids[i] == ev.sequence_id && ev.token >= 0) tokens[i].push_back(ev.token);
-        }
-      }
-    }
-    return tokens;
-  };
+  std::vector<std::string> texts;
+  for (int i = 0; i < 5; ++i) texts.push_back(text.substr(i * 500, 150 + i * 300));
+  auto run = [&](Engine& e) { return TokensOf(DecodeTogether(e, texts, 150)); };
   EXPECT_EQ(run(*graphs), run(*eager));
 }
 
@@ -336,26 +353,8 @@ TEST_P(CudaEngineTest, OverlappedLaunchesDecodeAsPlainOnes) {
       });
   ASSERT_TRUE(overlapped && plain);
   const std::string text = Licence("GPL-2");
-  auto run = [&](Engine& e) {
-    std::vector<uint64_t> ids;
-    for (int i = 0; i < 2; ++i) {
-      GenerationRequest r = Greedy(e, e.EncodeText(text.substr(i * 700, 300 + i * 400)), 200);
-      r.stop.ignore_eos = true;
-      ids.push_back(*e.Submit(r));
-    }
-    std::vector<std::vector<int32_t>> tokens(ids.size());
-    std::vector<GenerationEvent> events;
-    while (!e.scheduler().idle()) {
-      events.clear();
-      EXPECT_TRUE(e.scheduler().Step(&events).ok());
-      for (const GenerationEvent& ev : events) {
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (ids[i] == ev.sequence_id && ev.token >= 0) tokens[i].push_back(ev.token);
-        }
-      }
-    }
-    return tokens;
-  };
+  const std::vector<std::string> texts = {text.substr(0, 300), text.substr(700, 700)};
+  auto run = [&](Engine& e) { return TokensOf(DecodeTogether(e, texts, 200)); };
   const std::vector<std::vector<int32_t>> a = run(*overlapped), b = run(*plain);
   ASSERT_EQ(a.size(), 2u);
   EXPECT_EQ(a[0].size(), 200u);
@@ -370,26 +369,7 @@ TEST_P(CudaEngineTest, OverlappedLaunchesDecodeAsPlainOnes) {
 TEST_P(CudaEngineTest, FusedKvWritesDecodeAsSeparateLaunches) {
   if (GetParam() == KvCacheFormat::kCodec) GTEST_SKIP() << "codec keeps a launch for each";
   const std::string text = Licence("LGPL-2.1");
-  auto run = [&](Engine& e) {
-    std::vector<uint64_t> ids;
-    for (int i = 0; i < 2; ++i) {
-      GenerationRequest r = Greedy(e, e.EncodeText(text.substr(i * 1500, 1200 + i * 800)), 160);
-      r.stop.ignore_eos = true;
-      ids.push_back(*e.Submit(r));
-    }
-    std::vector<std::vector<std::pair<int32_t, float>>> out(ids.size());
-    std::vector<GenerationEvent> events;
-    while (!e.scheduler().idle()) {
-      events.clear();
-      EXPECT_TRUE(e.scheduler().Step(&events).ok());
-      for (const GenerationEvent& ev : events) {
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (ids[i] == ev.sequence_id && ev.token >= 0) out[i].push_back({ev.token, ev.logprob});
-        }
-      }
-    }
-    return out;
-  };
+  const std::vector<std::string> texts = {text.substr(0, 1200), text.substr(1500, 2000)};
   for (const bool identity : {true, false}) {
     if (!identity && GetParam() == KvCacheFormat::kBf16) continue;  // no rotation file for BF16
     auto tweak = [&](bool fused) {
@@ -403,7 +383,7 @@ TEST_P(CudaEngineTest, FusedKvWritesDecodeAsSeparateLaunches) {
     std::unique_ptr<Engine> apart =
         Make(true, GpuWeights::kAuto, true, true, false, std::nullopt, true, tweak(false));
     ASSERT_TRUE(fused && apart);
-    const auto a = run(*fused), b = run(*apart);
+    const Generated a = DecodeTogether(*fused, texts, 160), b = DecodeTogether(*apart, texts, 160);
     ASSERT_EQ(a.size(), 2u);
     EXPECT_EQ(a[1].size(), 160u);
     EXPECT_EQ(a, b) << (identity ? "identity rotations" : "the fitted rotations");
