@@ -206,6 +206,9 @@ class CudaBackend final : public Backend {
   // The plan's pages that left the recent window, into the history's format: layer `layer`'s
   // blocks, or with layer -1 every layer's in one launch (the INT2 formats only).
   absl::Status Demote(const Plan& plan, int layer, bool early);
+  // Layer `layer`'s blocks in the BF16 pool: its base, offset as a launch that sees one layer
+  // takes it.
+  uint8_t* Bf16PoolAt(int layer) const;
   // Whether the layers' per-head launches write K/V into the pages and the split decode's
   // queries themselves (CudaBackendOptions::fused_kv_writes): a decode pass with identity
   // rotations whose demotion, if any, came at its start.
@@ -291,6 +294,10 @@ struct CudaBackend::Plan {
   kernels::SplitDecodePlan decode_plan;
   int logit_rows = 0;
   const int32_t* logit_row_ids = nullptr;
+
+  // A pass of decode rows only (one token per sequence, no chunk attention): its rows are the
+  // split decode's, in order.
+  bool DecodeOnly() const { return chunk.num_items == 0 && decode_items == tokens; }
 };
 
 // One forward pass's arrays on the host, as BuildHostArrays lays them out for StageMetadata.

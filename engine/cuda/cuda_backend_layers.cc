@@ -39,13 +39,18 @@ absl::Status CudaBackend::Gemm(const void* x, int rows, int in, const void* w, i
 
 bool CudaBackend::DemoteAtPassStart(const Plan& plan) const {
   return options_.fused_kv_writes && plan.demote_pages > 0 && codec_layouts_.empty() &&
-         plan.chunk.num_items == 0 && plan.decode_items == plan.tokens;
+         plan.DecodeOnly();
 }
 
 bool CudaBackend::HeadsWriteCache(const Plan& plan) const {
   return options_.fused_kv_writes && options_.fused_layer_ops && rot_.identity &&
-         plan.chunk.num_items == 0 && plan.decode_items == plan.tokens &&
-         (plan.demote_pages == 0 || DemoteAtPassStart(plan));
+         plan.DecodeOnly() && (plan.demote_pages == 0 || DemoteAtPassStart(plan));
+}
+
+uint8_t* CudaBackend::Bf16PoolAt(int layer) const {
+  const int64_t block = kernels::BlockBytes(cache_->geometry(), kernels::PageEncoding::kBf16);
+  return const_cast<uint8_t*>(cache_->bf16_pool().base()) +
+         int64_t{layer} * 2 * cfg_.num_kv_heads * block;
 }
 
 absl::Status CudaBackend::Demote(const Plan& plan, int layer, bool early) {
@@ -55,8 +60,7 @@ absl::Status CudaBackend::Demote(const Plan& plan, int layer, bool early) {
   kernels::KvGeometry seen = geo;
   if (layer >= 0) seen.num_layers = 1;
   const int first = std::max(layer, 0);
-  const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
-  const uint8_t* bf16 = cache_->bf16_pool().base() + first * 2 * nkv * bf16_block;
+  const uint8_t* bf16 = Bf16PoolAt(first);
   uint8_t* history = const_cast<uint8_t*>(cache_->int2_pool()->base());
   if (!codec_layouts_.empty()) {  // its blocks are laid out per layer: one layer a launch
     kernels::DemoteCodecParams dp;
@@ -175,7 +179,6 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     // This layer's K'/V' into the BF16 pages: the launch sees one layer (its pools offset to it).
     kernels::KvGeometry one_layer = geo;
     one_layer.num_layers = 1;
-    const int64_t bf16_block = kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
     kernels::AppendParams a;
     a.k_f32 = k_.as<float>();
     a.v_f32 = v_.as<float>();
@@ -184,7 +187,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
     a.v_rotation = rv;
     a.slot = plan.append_slot;
     a.row = plan.append_row;
-    a.bf16_pool = const_cast<uint8_t*>(cache_->bf16_pool().base()) + layer * 2 * nkv * bf16_block;
+    a.bf16_pool = Bf16PoolAt(layer);
     a.slot_stride = cache_->bf16_pool().slot_bytes();
     a.geometry = one_layer;
     a.overlap_previous = early;
@@ -195,8 +198,7 @@ absl::Status CudaBackend::Layer(int layer, const Plan& plan) {
   }
   // Attention, in rotated value space, into attn_. A pass of decode rows only, with no rotation
   // back, scatters them straight into the Wo GEMM's operand.
-  const bool o_is_rows = options_.fused_layer_ops && plan.chunk.num_items == 0 && rv == nullptr &&
-                         plan.decode_items == T;
+  const bool o_is_rows = options_.fused_layer_ops && plan.DecodeOnly() && rv == nullptr;
   if (plan.chunk.num_items > 0) {
     kernels::ChunkAttentionParams c = plan.chunk;
     c.q = qr;
@@ -334,8 +336,7 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T, bo
       const kernels::KvGeometry& geo = cache_->geometry();
       p.geometry = geo;
       p.geometry.num_layers = 1;  // the pool offset to the layer, as the append's
-      p.bf16_pool = const_cast<uint8_t*>(cache_->bf16_pool().base()) +
-                    layer * 2 * nkv * kernels::BlockBytes(geo, kernels::PageEncoding::kBf16);
+      p.bf16_pool = Bf16PoolAt(layer);
       p.slot_stride = cache_->bf16_pool().slot_bytes();
       p.slot = plan.append_slot;
       p.row = plan.append_row;

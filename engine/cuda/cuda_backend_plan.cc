@@ -242,7 +242,11 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
   d.lse = nullptr;
   kernels::SplitDecodeVariant variant;
   variant.int2_quick_start = options_.int2_quick_start;
-  // Safe: the launch just before it (Layer) is the query gather, which writes no page.
+  // Safe: before its wait the split decode reads only history pages, and nothing in a pass
+  // writes them once the pass has begun (Layer: the launch just before it is the query gather,
+  // which writes no page and waits for the demotion before it; or, with fused_kv_writes, the
+  // per-head launch, whose page writes are window rows, read by window CTAs after their wait,
+  // the demotion having run at the pass's start).
   variant.early_launch = options_.early_launches;
   variant.window_pages_per_cta = options_.window_pages_per_cta;
   variant.merge_early_loads = options_.merge_early_loads;

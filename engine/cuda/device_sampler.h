@@ -36,7 +36,7 @@ class DeviceSampler {
   const int device_;
   PinnedBuffer staging_;   // the draws' arrays, then the results
   DeviceBuffer arrays_;    // the same layout on the device
-  DeviceBuffer workspace_;  // kernels::SampleWorkspaceBytes, zeroed when allocated
+  DeviceBuffer workspace_;  // the kernel's per-row counts (zeroed when allocated), chunk results
   int row_capacity_ = 0;
   int workspace_vocab_ = 0;  // the vocabulary workspace_ was sized for (row_capacity_ rows)
   int64_t count_capacity_ = 0;
