@@ -140,6 +140,11 @@ class CudaEngineTest : public ::testing::TestWithParam<KvCacheFormat> {
       r.stop.ignore_eos = true;
       ids.push_back(*e.Submit(r));
     }
+    return StepUntilIdle(e, ids);
+  }
+
+  // The scheduler stepped until idle; what the requests `ids` (submitted) generated.
+  static Generated StepUntilIdle(Engine& e, const std::vector<uint64_t>& ids) {
     Generated out(ids.size());
     std::vector<GenerationEvent> events;
     while (!e.scheduler().idle()) {
@@ -470,30 +475,16 @@ TEST_P(CudaEngineTest, GpuSamplingDrawsTheHostSamplersTokens) {
       }
       ids.push_back(*e.Submit(r));
     }
-    std::vector<std::vector<int32_t>> tokens(ids.size());
-    std::vector<std::vector<float>> logprobs(ids.size());
-    std::vector<GenerationEvent> events;
-    while (!e.scheduler().idle()) {
-      events.clear();
-      EXPECT_TRUE(e.scheduler().Step(&events).ok());
-      for (const GenerationEvent& ev : events) {
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (ids[i] != ev.sequence_id || ev.token < 0) continue;
-          tokens[i].push_back(ev.token);
-          logprobs[i].push_back(ev.logprob);
-        }
-      }
-    }
-    return std::make_pair(tokens, logprobs);
+    return StepUntilIdle(e, ids);
   };
-  const auto [on_device, device_logprobs] = run(*device);
-  const auto [on_host, host_logprobs] = run(*host);
+  const Generated on_device = run(*device), on_host = run(*host);
   ASSERT_EQ(on_device.size(), on_host.size());
+  const auto device_tokens = TokensOf(on_device), host_tokens = TokensOf(on_host);
   for (size_t i = 0; i < on_device.size(); ++i) {
-    EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
-    ASSERT_EQ(device_logprobs[i].size(), host_logprobs[i].size());
-    for (size_t t = 0; t < device_logprobs[i].size(); ++t) {
-      EXPECT_NEAR(device_logprobs[i][t], host_logprobs[i][t], 1e-4) << "request " << i;
+    EXPECT_EQ(device_tokens[i], host_tokens[i]) << "request " << i;
+    ASSERT_EQ(on_device[i].size(), on_host[i].size());
+    for (size_t t = 0; t < on_device[i].size(); ++t) {
+      EXPECT_NEAR(on_device[i][t].second, on_host[i][t].second, 1e-4) << "request " << i;
     }
   }
 }
