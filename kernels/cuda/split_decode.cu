@@ -262,6 +262,14 @@ cudaError_t AllowLargeSharedMemory() {
   return e;
 }
 
+// The INT2 history kernel the variant asks for (split_decode_int2.cuh).
+template <int D>
+auto Int2Kernel(const SplitDecodeVariant& v) {
+  if (v.int2_bandwidth_probe) return Int2HistoryKernel<D, Int2Flow::kStreamOnly>;
+  return v.int2_overlap_pages ? Int2HistoryKernel<D, Int2Flow::kOverlap>
+                              : Int2HistoryKernel<D, Int2Flow::kWholePage>;
+}
+
 template <typename Kernel>
 int Occupancy(Kernel kernel, int dynamic_smem) {
   int blocks = 0;
@@ -295,12 +303,7 @@ int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVa
                : Occupancy(CodecHistoryKernel<128>, kCodecHistorySmemBytes<128>);
   }
   if (history != PageEncoding::kBf16) {
-    if (variant.int2_overlap_pages) {
-      return d64 ? Occupancy(Int2HistoryKernel<64, true>, 0)
-                 : Occupancy(Int2HistoryKernel<128, true>, 0);
-    }
-    return d64 ? Occupancy(Int2HistoryKernel<64, false>, 0)
-               : Occupancy(Int2HistoryKernel<128, false>, 0);
+    return d64 ? Occupancy(Int2Kernel<64>(variant), 0) : Occupancy(Int2Kernel<128>(variant), 0);
   }
   if (!variant.bf16_tensor_cores) {
     return d64 ? Occupancy(Bf16HistoryKernel<64>, 0) : Occupancy(Bf16HistoryKernel<128>, 0);
@@ -444,13 +447,9 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     } else if (bf16_history) {
       Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
           p, pps, ws);
-    } else if (v.int2_overlap_pages) {
-      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream, Int2HistoryKernel<D, true>,
-                       p, pps, window_ctas, ws, v.int2_quick_start, early);
     } else {
-      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream,
-                       Int2HistoryKernel<D, false>, p, pps, window_ctas, ws, v.int2_quick_start,
-                       early);
+      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream, Int2Kernel<D>(v), p, pps,
+                       window_ctas, ws, v.int2_quick_start, early, v.int2_slots_ahead);
     }
     if (e != cudaSuccess) return e;
     if (window_ctas == 0) {

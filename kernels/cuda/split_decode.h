@@ -59,6 +59,14 @@ struct SplitDecodeVariant {
   // Measured on one H200: 6-10 % faster for head_dim 64 at batch 1, slower elsewhere (spills at
   // head_dim 128, 3 CTAs per multiprocessor instead of 4 at head_dim 64), so off by default.
   bool int2_overlap_pages = false;
+  // INT2 history: each warp reads the slot of the page it will ask for next as soon as it has
+  // asked for one, rather than reading the page table when it asks (two dependent reads the
+  // whole warp waits for, once a page). Measured on one H200: 1-4 % faster per layer at 31 of 32
+  // points (both shapes, batch 1-32, 8K-128K); the same results.
+  bool int2_slots_ahead = true;
+  // For benchmarks only: the INT2 history kernel streams its pages through its stages and does
+  // no math, so the output is wrong (empty history partials). What the page reads alone cost.
+  bool int2_bandwidth_probe = false;
   // INT2 history: one page per warp in the launch's first burst of copies (the second once the
   // queries are in), the queries read in 16-byte loads and summed by shuffles. Measured on one
   // H200 (docs/benchmarks/attention.md): 7-14 % faster per layer at batch 1 for the 8B shape, 3-8 %

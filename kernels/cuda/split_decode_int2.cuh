@@ -22,6 +22,13 @@ using namespace split;  // NOLINT: the kernels' shared constants and workspace
 
 constexpr int kInt2Stages = 2;  // shared-memory pages in flight per warp (INT2)
 
+// What a warp does with each page it streams (SplitDecodeVariant chooses).
+enum class Int2Flow {
+  kWholePage,   // the page's scores, softmax and V product, one page after the other
+  kOverlap,     // the next page's scores before this page's softmax and V product
+  kStreamOnly,  // a bandwidth probe for benchmarks: pages streamed, no math (empty output)
+};
+
 __device__ __forceinline__ uint32_t Lop3AndOr(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
@@ -207,10 +214,10 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   }
 }
 
-template <int D, bool Overlap>
+template <int D, Int2Flow kFlow>
 __global__ void __launch_bounds__(kThreads, 3)
-    Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas,
-                      Workspace ws, bool quick_start, bool early) {
+    Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas, Workspace ws,
+                      bool quick_start, bool early, bool slots_ahead) {
   const int h = blockIdx.y, b = blockIdx.z;
   // The staging area: INT2 pages in flight, or a window CTA's BF16 page (one at a time: two
   // need more shared memory than the INT2 pages, and were slower end to end,
@@ -250,8 +257,19 @@ __global__ void __launch_bounds__(kThreads, 3)
   const uint32_t block_bytes = kPageTokens * (D / 4 + 4);
   const int64_t k_offset = BlockOffset(geo, seg.encoding, p.layer, 0, h);
   const int64_t v_offset = BlockOffset(geo, seg.encoding, p.layer, 1, h);
+  // slots_ahead: lane 0 reads the slot of the page it will ask for next right after asking for
+  // one, so that read's latency passes while a page is computed; otherwise the whole warp waits
+  // at each request for two dependent reads (the sequence's page table, then the slot).
+  const int32_t* my_slots = seg.indices + seg.indptr[b] + begin + warp;  // page i: [i * kWarps]
+  int next_slot = slots_ahead && lane == 0 && my_pages > 0 ? my_slots[0] : 0;
   auto issue = [&](int i) {  // lane 0: page i of this warp into stage i % kInt2Stages
-    const int64_t slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
+    int64_t slot;
+    if (slots_ahead) {  // pages are asked for in order: 0, 1, 2, ...
+      slot = next_slot;
+      if (i + 1 < my_pages) next_slot = my_slots[(i + 1) * kWarps];
+    } else {
+      slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
+    }
     const uint8_t* base = seg.pool + slot * seg.slot_stride;
     uint8_t* dst = stages + (i % kInt2Stages) * kInt2StageBytes<D>;
     uint64_t* bar = bars + i % kInt2Stages;
@@ -310,7 +328,9 @@ __global__ void __launch_bounds__(kThreads, 3)
       s_sumq4[n] = part_q4;
     }
     __syncthreads();
-    if (lane == 0 && first_burst == 1 && 1 < my_pages) issue(1);
+    if (lane == 0) {
+      for (int i = first_burst; i < min(my_pages, kInt2Stages); ++i) issue(i);
+    }
 #pragma unroll
     for (int col = 0; col < 2; ++col) {
       sumq[col] = s_sumq[2 * t + col];
@@ -366,17 +386,30 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
 
-  // Page i from its stage into registers; the stage then takes page i + kInt2Stages.
-  auto load = [&](PageRegs<D>& r, int i) {
+  // Page i's stage, once its copies have landed.
+  auto wait = [&](int i) {
     ptx::BarrierWait(bars + i % kInt2Stages, (i / kInt2Stages) & 1);
-    LoadPage(r, stages + (i % kInt2Stages) * kInt2StageBytes<D>, lane);
+    return stages + (i % kInt2Stages) * kInt2StageBytes<D>;
+  };
+  // The warp is done reading page i's stage, which then takes page i + kInt2Stages.
+  auto release = [&](int i) {
     __syncwarp();
     if (lane == 0 && i + kInt2Stages < my_pages) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before its writes
       issue(i + kInt2Stages);
     }
   };
-  if constexpr (Overlap) {
+  // Page i from its stage into registers; the stage then takes page i + kInt2Stages.
+  auto load = [&](PageRegs<D>& r, int i) {
+    LoadPage(r, wait(i), lane);
+    release(i);
+  };
+  if constexpr (kFlow == Int2Flow::kStreamOnly) {
+    for (int i = 0; i < my_pages; ++i) {
+      wait(i);
+      release(i);
+    }
+  } else if constexpr (kFlow == Int2Flow::kOverlap) {
     // The scores of page i + 1 are computed before page i's softmax and V product, so the two
     // pages' independent tensor-core chains interleave (a warp's page is otherwise one long
     // dependent chain, and 3 warps per scheduler do not hide it).

@@ -348,6 +348,9 @@ const SplitDecodeVariant kVariants[] = {
     // The merge's loads after the slots' weights (the former merge; the default loads its first
     // slots beside the weights, and the rest after them once a thread has more than 16).
     {.early_launch = true, .merge_early_loads = false},
+    // Each page's slot read when the warp asks for the page (the former INT2 history kernel).
+    {.int2_slots_ahead = false, .early_launch = true},
+    {.int2_slots_ahead = false, .int2_quick_start = false},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
@@ -409,7 +412,8 @@ TEST(SplitDecodeGpu, LongPageRangesKeepTheirPrecision) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   double worst = 0;
   uint32_t seed = 1200;
-  const SplitDecodeVariant variants[] = {{}, {.int2_overlap_pages = true}};
+  const SplitDecodeVariant variants[] = {
+      {}, {.int2_overlap_pages = true}, {.int2_slots_ahead = false}};
   for (const SplitDecodeVariant& v : variants) {
     for (PageEncoding history : {PageEncoding::kInt2Uniform, PageEncoding::kBf16}) {
       worst = std::max(worst, RunCase({128, 2, 4, 1, {64}, {300}, {256}, 1, history}, seed++, v));
