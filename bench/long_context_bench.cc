@@ -88,6 +88,9 @@ ABSL_FLAG(bool, gpu_early_launches, true,
 ABSL_FLAG(bool, gpu_int2_quick_start, true,
           "the INT2 history kernel's quick start (one page per warp before the queries, 16-byte "
           "query loads); EngineOptions::gpu_int2_quick_start");
+ABSL_FLAG(bool, gpu_int2_slots_ahead, true,
+          "each warp of the INT2 history kernel reads the slot of the page it asks for next "
+          "as soon as it has asked for one; EngineOptions::gpu_int2_slots_ahead");
 ABSL_FLAG(int, gpu_window_pages_per_cta, 0,
           "window pages per CTA of attention's launch (0: the plan chooses, 1: a CTA per "
           "page); EngineOptions::gpu_window_pages_per_cta");
@@ -498,6 +501,7 @@ int Main() {
     o.gpu_gemv_normed_one_wave = absl::GetFlag(FLAGS_gpu_gemv_normed_one_wave);
     o.gpu_gemv_normed_paired_rows = absl::GetFlag(FLAGS_gpu_gemv_normed_paired_rows);
     o.gpu_int2_quick_start = absl::GetFlag(FLAGS_gpu_int2_quick_start);
+    o.gpu_int2_slots_ahead = absl::GetFlag(FLAGS_gpu_int2_slots_ahead);
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);
     o.gpu_merge_early_loads = absl::GetFlag(FLAGS_gpu_merge_early_loads);

@@ -332,6 +332,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.gemv_normed_paired_rows = options.gpu_gemv_normed_paired_rows;
     cuda.fused_layer_ops = options.gpu_fused_layer_ops;
     cuda.int2_quick_start = options.gpu_int2_quick_start;
+    cuda.int2_slots_ahead = options.gpu_int2_slots_ahead;
     cuda.early_launches = options.gpu_early_launches;
     cuda.window_pages_per_cta = std::max(0, options.gpu_window_pages_per_cta);
     cuda.merge_early_loads = options.gpu_merge_early_loads;

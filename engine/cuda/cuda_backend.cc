@@ -20,7 +20,8 @@ absl::Status CudaBackend::Init() {
   KV_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_),
                           "cudaDeviceGetAttribute");
   decode_ctas_per_sm_ = kernels::SplitDecodeCtasPerSm(
-      cfg_.head_dim, cache_->split() ? cache_->int2_encoding() : kernels::PageEncoding::kBf16);
+      cfg_.head_dim, cache_->split() ? cache_->int2_encoding() : kernels::PageEncoding::kBf16,
+      AttentionVariant());
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_), "cudaStreamCreate");
   page_access_ = std::make_unique<CudaDevicePageAccess>(device_, stream_, cache_);
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start_), "cudaEventCreate");

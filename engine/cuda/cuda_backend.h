@@ -53,6 +53,8 @@ struct CudaBackendOptions {
   bool fused_layer_ops = true;
   // The INT2 history kernel's quick start (EngineOptions::gpu_int2_quick_start).
   bool int2_quick_start = true;
+  // Each page's slot read one request ahead (EngineOptions::gpu_int2_slots_ahead).
+  bool int2_slots_ahead = true;
   // The small kernels and attention launched early (EngineOptions::gpu_early_launches).
   bool early_launches = true;
   // Window pages per CTA of attention's launch, 0: the plan's choice

@@ -179,6 +179,8 @@ class CudaBackend final : public Backend {
   void PlanChunkAttention(const HostPlan& host, Plan* plan) const;
   // The split decode's parameters and grid; checks its workspace fits.
   absl::Status PlanDecodeAttention(const HostPlan& host, Plan* plan) const;
+  // The split decode kernels' variant the options ask for (CudaBackendOptions).
+  kernels::SplitDecodeVariant AttentionVariant() const;
   // The number of logit rows; checks they fit the logits buffer.
   absl::Status PlanLogits(const HostPlan& host, Plan* plan) const;
   absl::Status UploadWeights();

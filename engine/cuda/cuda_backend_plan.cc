@@ -216,6 +216,21 @@ void CudaBackend::PlanChunkAttention(const HostPlan& h, Plan* plan) const {
   c.recent_tokens = layout.recent_tokens;
 }
 
+kernels::SplitDecodeVariant CudaBackend::AttentionVariant() const {
+  kernels::SplitDecodeVariant variant;
+  variant.int2_quick_start = options_.int2_quick_start;
+  variant.int2_slots_ahead = options_.int2_slots_ahead;
+  // Safe: before its wait the split decode reads only history pages, and nothing in a pass
+  // writes them once the pass has begun (Layer: the launch just before it is the query gather,
+  // which writes no page and waits for the demotion before it; or, with fused_kv_writes, the
+  // per-head launch, whose page writes are window rows, read by window CTAs after their wait,
+  // the demotion having run at the pass's start).
+  variant.early_launch = options_.early_launches;
+  variant.window_pages_per_cta = options_.window_pages_per_cta;
+  variant.merge_early_loads = options_.merge_early_loads;
+  return variant;
+}
+
 absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) const {
   plan->decode_items = static_cast<int>(h.d_rows.size());
   if (plan->decode_items == 0) return absl::OkStatus();
@@ -240,20 +255,9 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
   }
   d.out = decode_out_.as<float>();
   d.lse = nullptr;
-  kernels::SplitDecodeVariant variant;
-  variant.int2_quick_start = options_.int2_quick_start;
-  // Safe: before its wait the split decode reads only history pages, and nothing in a pass
-  // writes them once the pass has begun (Layer: the launch just before it is the query gather,
-  // which writes no page and waits for the demotion before it; or, with fused_kv_writes, the
-  // per-head launch, whose page writes are window rows, read by window CTAs after their wait,
-  // the demotion having run at the pass's start).
-  variant.early_launch = options_.early_launches;
-  variant.window_pages_per_cta = options_.window_pages_per_cta;
-  variant.merge_early_loads = options_.merge_early_loads;
-  plan->decode_plan =
-      kernels::PlanSplitDecode(plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim, h.max_history,
-                               h.max_window_pages, num_sms_, decode_ctas_per_sm_, encodings[1],
-                               variant);
+  plan->decode_plan = kernels::PlanSplitDecode(
+      plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim, h.max_history, h.max_window_pages,
+      num_sms_, decode_ctas_per_sm_, encodings[1], AttentionVariant());
   if (plan->decode_plan.workspace_bytes > max_split_workspace_) {
     return absl::InternalError("split decode workspace too small for this batch");
   }
