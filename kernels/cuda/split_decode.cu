@@ -303,7 +303,10 @@ int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVa
                : Occupancy(CodecHistoryKernel<128>, kCodecHistorySmemBytes<128>);
   }
   if (history != PageEncoding::kBf16) {
-    return d64 ? Occupancy(Int2Kernel<64>(variant), 0) : Occupancy(Int2Kernel<128>(variant), 0);
+    // The bandwidth probe is planned as the kernel whose page stream it measures.
+    SplitDecodeVariant v = variant;
+    v.int2_bandwidth_probe = false;
+    return d64 ? Occupancy(Int2Kernel<64>(v), 0) : Occupancy(Int2Kernel<128>(v), 0);
   }
   if (!variant.bf16_tensor_cores) {
     return d64 ? Occupancy(Bf16HistoryKernel<64>, 0) : Occupancy(Bf16HistoryKernel<128>, 0);
