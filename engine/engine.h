@@ -105,7 +105,7 @@ struct EngineOptions {
   // int2_quick_start; 7-14 % off a batch-1 layer of the 8B shape); false: the former start.
   bool gpu_int2_quick_start = true;
   // cuda: each warp of the INT2 history kernel reads the slot of the page it asks for next as
-  // soon as it has asked for one (kernels::SplitDecodeVariant::int2_slots_ahead; 1-4 % off an
+  // soon as it has asked for one (kernels::SplitDecodeVariant::int2_slots_ahead; 1-6 % off an
   // attention layer); false: when it asks. The same results.
   bool gpu_int2_slots_ahead = true;
   // cuda: the kernels of a layer between its GEMVs (the per-head steps, KV append and demotion,

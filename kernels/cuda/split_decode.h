@@ -61,7 +61,7 @@ struct SplitDecodeVariant {
   bool int2_overlap_pages = false;
   // INT2 history: each warp reads the slot of the page it will ask for next as soon as it has
   // asked for one, rather than reading the page table when it asks (two dependent reads the
-  // whole warp waits for, once a page). Measured on one H200: 1-4 % faster per layer at 31 of 32
+  // whole warp waits for, once a page). Measured on one H200: 1-6 % faster per layer at 31 of 32
   // points (both shapes, batch 1-32, 8K-128K); the same results.
   bool int2_slots_ahead = true;
   // For benchmarks only: the INT2 history kernel streams its pages through its stages and does
