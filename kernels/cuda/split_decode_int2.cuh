@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     if (slots_ahead) {  // pages are asked for in order: 0, 1, 2, ...
       slot = next_slot;
       if (i + 1 < my_pages) next_slot = my_slots[(i + 1) * kWarps];
-    } else {
+    } else {  // the former kernel: both reads again at each request, not my_slots
       slot = seg.indices[seg.indptr[b] + begin + warp + i * kWarps];
     }
     const uint8_t* base = seg.pool + slot * seg.slot_stride;
