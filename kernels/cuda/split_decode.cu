@@ -6,13 +6,13 @@
 //   Sᵀ[tokens x heads] = K[tokens x dims] · Qᵀ          (A = K codes, B = Q)
 //   Oᵀ[dims x heads]   = Vᵀ[dims x tokens] · (P·s_v)ᵀ   (A = V codes, B = probabilities)
 // The page layout (kv_layout.h: KCodeBit, VCodeBit) puts every A-fragment pair of codes at bits
-// (2p, 16 + 2p) of one 32-bit word, so a pair becomes an fp16x2 with one lop3:
-//   (w & (3 << 2p)) | 0x6400 = 1024 + 4^p · code        (p < 5; p >= 5 uses w >> 10)
-// The 1024 bias and the 4^p weights are exact in fp16 and are undone on the fp32 side: per
-// token for K (S = offset·Σq + scale·(R - 1024·Σq')), with q' = q / 4^p folded into Q, and
-// for V by starting each page's products at −1024·Σp' (one more mma per tile) and taking the
-// 4^p weights off per output channel at the end. Dequantisation thus costs one logic op per two
-// codes, and the per-token scale and offset never touch the codes.
+// (2p, 16 + 2p) of one 32-bit word, so a pair becomes an fp16x2 with one logic op:
+//   w & (3 << 2p) = 4^p · code · 2^-24, a subnormal half    (p < 5; p >= 5 uses w >> 10)
+// Tensor cores take subnormal fp16 inputs exactly, so the products carry no bias; the 2^-24 unit
+// and the 4^p weights are undone on the fp32 side: per token for K (S = offset·Σq +
+// scale·2^24·R, with q' = q / 4^p folded into Q) and per output channel for V at the end.
+// Dequantisation thus costs one logic op per two codes, and the per-token scale and offset
+// never touch the codes.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -29,25 +29,19 @@ enum class Int2Flow {
   kStreamOnly,  // a bandwidth probe for benchmarks: pages streamed, no math (empty output)
 };
 
-__device__ __forceinline__ uint32_t Lop3AndOr(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));  // (a & b) | c
-  return d;
+// Pair p of a word as fp16x2 subnormals {4^j·code(bits 2p), 4^j·code(bits 16+2p)} · 2^-24: the
+// masked bits are the mantissa of a half whose exponent bits are zero (p >= 5 uses w >> 10).
+__device__ __forceinline__ uint32_t ExtractPair(uint32_t w, uint32_t w10, int p) {
+  return p < 5 ? w & (0x00030003u << (2 * p)) : w10 & (0x00030003u << (2 * (p - 5)));
 }
 
-// Pair p of a word as fp16x2 {1024 + 4^j·code(bits 2p), 1024 + 4^j·code(bits 16+2p)}.
-__device__ __forceinline__ uint32_t ExtractPair(uint32_t w, uint32_t w10, int p) {
-  return p < 5 ? Lop3AndOr(w, 0x00030003u << (2 * p), 0x64006400u)
-               : Lop3AndOr(w10, 0x00030003u << (2 * (p - 5)), 0x64006400u);
-}
+// The codes' unit as fp16 subnormals (ExtractPair), undone on the fp32 side.
+constexpr float kCodeUnitInv = 16777216.0f;  // 2^24
 
 // 1 / 4^j for the weight of pair p: an exact power of two, built from its exponent bits.
 __device__ __forceinline__ float PairWeightInv(int p) {
   return __int_as_float((127 - 2 * (p < 5 ? p : p - 5)) << 23);
 }
-
-// The K pair index of channel d (KCodeBit's `pair`).
-__device__ __forceinline__ int KPairOf(int d) { return 2 * ((d / 16) % 4) + (d % 16) / 8; }
 
 __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -108,11 +102,15 @@ struct WarpState {
   float spo[2];        // Σ p·offset_v (this thread's rows)
 };
 
+// The page's scores Sᵀ = K·Qᵀ (log2 units) less `ref`, a reference per head column (the warp's
+// running maximum when the page's scores are computed, or 0 before the first page): four
+// 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8). With the reference
+// taken off in the same fused multiply-adds that apply the token's scale and offset, the
+// softmax needs no subtraction once the running maxima have settled.
 template <int D>
 __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
                                         const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
-                                        const float (&sumq4)[2]) {
-  // Sᵀ = K·Qᵀ, four 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8).
+                                        const float (&ref)[2]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
@@ -124,23 +122,36 @@ __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
       Mma(s[i], ExtractPair(w0, w0s, pl), ExtractPair(w1, w1s, pl), ExtractPair(w0, w0s, ph),
           ExtractPair(w1, w1s, ph), bq[step][0], bq[step][1]);
     }
-    // Undo the code bias and apply the token's scale and offset (fp32).
+    // S = offset·Σq + scale·2^24·R, less the reference (fp32).
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t kp = r.kp[2 * i + (e >> 1)];
-      const int col = e & 1;
-      s[i][e] = ptx::HalfHi(kp) * sumq[col] + ptx::HalfLo(kp) * (s[i][e] - 1024.0f * sumq4[col]);
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t kp = r.kp[2 * i + half];
+      const float scale = ptx::HalfLo(kp) * kCodeUnitInv, offset = ptx::HalfHi(kp);
+#pragma unroll
+      for (int col = 0; col < 2; ++col) {
+        float& x = s[i][2 * half + col];
+        x = fmaf(scale, x, fmaf(offset, sumq[col], -ref[col]));
+      }
     }
   }
 }
 
-// The page's scores s (KScores) into the warp's softmax state and its V product.
+// The reference KScores takes off a page's scores: the running maximum, 0 before the first page.
+template <int D>
+__device__ __forceinline__ void ScoreReference(const WarpState<D>& st, float (&ref)[2]) {
+#pragma unroll
+  for (int col = 0; col < 2; ++col) ref[col] = st.m[col] == -INFINITY ? 0.0f : st.m[col];
+}
+
+// The page's scores s (KScores, less `ref`) into the warp's softmax state and its V product.
 template <int D>
 __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
-                                            const VRegs<D>& r) {
-  // Online softmax per head column. Once the running maxima settle the rescale is skipped
-  // (a warp-uniform vote), which changes nothing numerically: alpha would be exactly 1.
-  float alpha[2];
+                                            const float (&ref)[2], const VRegs<D>& r) {
+  // Online softmax per head column. Once the running maxima settle (the page's scores were
+  // taken off the current maximum and none exceeds it) nothing is rescaled or shifted: a
+  // warp-uniform vote skips both, which changes nothing numerically (alpha would be exactly 1
+  // and the shift exactly 0).
+  float alpha[2], shift[2];
   bool moved = false;
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
@@ -149,9 +160,10 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float m_new = fmaxf(st.m[col], mx);
-    moved |= m_new != st.m[col];
+    const float m_new = fmaxf(st.m[col], ref[col] + mx);
     alpha[col] = ptx::Exp2(st.m[col] - m_new);  // 0 on the first page (m = -inf)
+    shift[col] = m_new - ref[col];
+    moved |= shift[col] != 0.0f || m_new != st.m[col];
     st.m[col] = m_new;
   }
   if (__any_sync(0xffffffffu, moved)) {
@@ -164,6 +176,11 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
         st.o[mb][col] *= alpha[col];
         st.o[mb][col + 2] *= alpha[col];
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[i][col] -= shift[col];
+        s[i][col + 2] -= shift[col];
+      }
     }
   }
   // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed).
@@ -175,7 +192,7 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
     for (int e = 0; e < 4; ++e) {
       const int col = e & 1;
       const uint32_t vp = r.vp[2 * i + (e >> 1)];
-      const float p = ptx::Exp2(s[i][e] - st.m[col]);
+      const float p = ptx::Exp2(s[i][e]);
       st.l[col] += p;
       st.spo[col] += p * ptx::HalfHi(vp);
       pv[e] = p * ptx::HalfLo(vp);
@@ -183,21 +200,11 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
     pb0[i] = ptx::Transpose8x8(ptx::PackHalf2(pv[0], pv[1]));
     pb1[i] = ptx::Transpose8x8(ptx::PackHalf2(pv[2], pv[3]));
   }
-  // The codes' bias, −1024·Σp' per head over the page's fp16 P' (an mma whose A is −1024
-  // everywhere, so every row of the result holds it), starts each channel tile's product over
-  // the page; the page's sum then joins the warp's in fp32. Carried across pages instead, the
-  // accumulators would hold 1024·Σp' of the whole range, and the tensor cores' accumulation
-  // (which truncates) would lose the codes' part against it as ranges grow.
-  constexpr uint32_t kMinus1024 = 0xE400E400u;
-  float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    Mma(bias, kMinus1024, kMinus1024, kMinus1024, kMinus1024, pb0[i], pb1[i]);
-  }
-  // Oᵀ += Vᵀ·P'ᵀ over the page's 64 tokens, one 16-channel tile at a time.
+  // Oᵀ += Vᵀ·P'ᵀ over the page's 64 tokens, one 16-channel tile at a time, straight into the
+  // warp's accumulators: the codes carry no bias (ExtractPair), so nothing large builds up
+  // there beside the outputs themselves.
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) {
-    float acc[4] = {bias[0], bias[1], bias[2], bias[3]};
     const int ug = (2 * mb) / 8;
     const int pl = (2 * mb) % 8, ph = pl + 1;
 #pragma unroll
@@ -206,11 +213,9 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
       const uint32_t w0 = Component(r.v[slot0 / 4], slot0 % 4);
       const uint32_t w1 = Component(r.v[slot1 / 4], slot1 % 4);
       const uint32_t w0s = w0 >> 10, w1s = w1 >> 10;
-      Mma(acc, ExtractPair(w0, w0s, pl), ExtractPair(w0, w0s, ph), ExtractPair(w1, w1s, pl),
+      Mma(st.o[mb], ExtractPair(w0, w0s, pl), ExtractPair(w0, w0s, ph), ExtractPair(w1, w1s, pl),
           ExtractPair(w1, w1s, ph), pb0[i], pb1[i]);
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st.o[mb][e] += acc[e];
   }
 }
 
@@ -243,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __shared__ uint64_t s_bar[kWarps][kInt2Stages];
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
   __shared__ float s_q[kMaxGroup][D];
-  __shared__ float s_sumq[kMaxGroup], s_sumq4[kMaxGroup];
+  __shared__ float s_sumq[kMaxGroup];
   // After the page loop the staging area holds the warps' outputs.
   float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(s_stage);
   static_assert(kWarps * kMaxGroup * D * 4 <= kStagingBytes, "staging area");
@@ -293,11 +298,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   // Queries of this KV head's group, scaled for exp2.
   const float qscale = p.sm_scale * kLog2e;
-  float sumq[2], sumq4[2];
+  float sumq[2];
   if (quick) {
     constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
     const int n = threadIdx.x / kLanesPerHead, d0 = threadIdx.x % kLanesPerHead * 8;
-    float part_q = 0.0f, part_q4 = 0.0f;
+    float part_q = 0.0f;
     if (n < kMaxGroup) {
       float v[8] = {};
       if (n < G) {
@@ -313,29 +318,17 @@ __global__ void __launch_bounds__(kThreads, 3)
       *reinterpret_cast<float4*>(&s_q[n][d0]) = make_float4(v[0], v[1], v[2], v[3]);
       *reinterpret_cast<float4*>(&s_q[n][d0 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        part_q += v[j];
-        part_q4 += __half2float(__float2half_rn(v[j] * PairWeightInv(KPairOf(d0 + j))));
-      }
+      for (int j = 0; j < 8; ++j) part_q += v[j];
     }
 #pragma unroll
-    for (int x = 1; x < kLanesPerHead; x <<= 1) {
-      part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
-      part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, x);
-    }
-    if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) {
-      s_sumq[n] = part_q;
-      s_sumq4[n] = part_q4;
-    }
+    for (int x = 1; x < kLanesPerHead; x <<= 1) part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
+    if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) s_sumq[n] = part_q;
     __syncthreads();
     if (lane == 0) {
       for (int i = first_burst; i < min(my_pages, kInt2Stages); ++i) issue(i);
     }
 #pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      sumq[col] = s_sumq[2 * t + col];
-      sumq4[col] = s_sumq4[2 * t + col];
-    }
+    for (int col = 0; col < 2; ++col) sumq[col] = s_sumq[2 * t + col];
   }
   for (int i = threadIdx.x; !quick && i < kMaxGroup * D; i += kThreads) {
     const int n = i / D, d = i % D;
@@ -356,25 +349,17 @@ __global__ void __launch_bounds__(kThreads, 3)
     bq[step][0] = ptx::PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
     bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
   }
-  // Σq and Σq' (the latter over the fp16 values the mma sees) per head: lane (g, t) sums a
-  // quarter of head g's channels, the quad reduces, then each lane fetches heads 2t and 2t+1.
+  // Σq per head: lane (g, t) sums a quarter of head g's channels, the quad reduces, then each
+  // lane fetches heads 2t and 2t+1.
   if (!quick) {
-    float part_q = 0.0f, part_q4 = 0.0f;
+    float part_q = 0.0f;
 #pragma unroll
-    for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) {
-      const float q = s_q[g][d];
-      part_q += q;
-      part_q4 += __half2float(__float2half_rn(q * PairWeightInv(KPairOf(d))));
-    }
+    for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) part_q += s_q[g][d];
     part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
     part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
-    part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 1);
-    part_q4 += __shfl_xor_sync(0xffffffffu, part_q4, 2);
 #pragma unroll
-    for (int col = 0; col < 2; ++col) {
+    for (int col = 0; col < 2; ++col)
       sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
-      sumq4[col] = __shfl_sync(0xffffffffu, part_q4, 4 * (2 * t + col));
-    }
   }
 
   WarpState<D> st;
@@ -415,24 +400,28 @@ __global__ void __launch_bounds__(kThreads, 3)
     // dependent chain, and 3 warps per scheduler do not hide it).
     if (my_pages > 0) {
       VRegs<D> cur;
-      float s[4][4];
+      float s[4][4], ref[2];
       {
         PageRegs<D> first;
         load(first, 0);
-        KScores(s, first, bq, sumq, sumq4);
+        ScoreReference(st, ref);
+        KScores(s, first, bq, sumq, ref);
         cur = first;
       }
       for (int i = 0; i < my_pages; ++i) {
         PageRegs<D> next;
-        float s_next[4][4];
+        float s_next[4][4], ref_next[2];
         const bool more = i + 1 < my_pages;
         if (more) {
           load(next, i + 1);
-          KScores(s_next, next, bq, sumq, sumq4);
+          ScoreReference(st, ref_next);  // page i's maxima are not in yet: SoftmaxAndV shifts
+          KScores(s_next, next, bq, sumq, ref_next);
         }
-        SoftmaxAndV(st, s, cur);
+        SoftmaxAndV(st, s, ref, cur);
         if (more) {
           cur = next;  // its V half
+          ref[0] = ref_next[0];
+          ref[1] = ref_next[1];
 #pragma unroll
           for (int t4 = 0; t4 < 4; ++t4) {
 #pragma unroll
@@ -445,9 +434,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int i = 0; i < my_pages; ++i) {
       PageRegs<D> cur;
       load(cur, i);
-      float s[4][4];
-      KScores(s, cur, bq, sumq, sumq4);
-      SoftmaxAndV(st, s, cur);
+      float s[4][4], ref[2];
+      ScoreReference(st, ref);
+      KScores(s, cur, bq, sumq, ref);
+      SoftmaxAndV(st, s, ref, cur);
     }
   }
   ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
@@ -461,14 +451,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
   __syncthreads();  // every warp is done with the staging area
-  // This warp's unnormalised output per (head, dim): undo the pair weights, add the offsets.
+  // This warp's unnormalised output per (head, dim): undo the codes' unit and pair weights,
+  // add the offsets.
 #pragma unroll
   for (int mb = 0; mb < D / 16; ++mb) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = e & 1, row_half = e >> 1;
       const int d = 16 * mb + g + 8 * row_half;
-      const float winv = PairWeightInv((2 * mb + row_half) % 8);
+      const float winv = PairWeightInv((2 * mb + row_half) % 8) * kCodeUnitInv;
       s_o[warp][2 * t + col][d] = st.o[mb][e] * winv + st.spo[col];
     }
   }
