@@ -147,39 +147,41 @@ __device__ __forceinline__ void ScoreReference(const WarpState<D>& st, float (&r
 template <int D>
 __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
                                             const float (&ref)[2], const VRegs<D>& r) {
-  // Online softmax per head column. Once the running maxima settle (the page's scores were
-  // taken off the current maximum and none exceeds it) nothing is rescaled or shifted: a
-  // warp-uniform vote skips both, which changes nothing numerically (alpha would be exactly 1
-  // and the shift exactly 0).
-  float alpha[2], shift[2];
-  bool moved = false;
+  // Online softmax per head column. Once the running maxima settle, the page's scores were
+  // taken off the current maximum and none is above 0: a warp-uniform vote then skips the
+  // maxima's reduction across the warp, the rescale and the shift, which would change nothing
+  // (alpha exactly 1, the shift exactly 0). Otherwise (the first page, a new maximum, or
+  // scores taken off an older maximum) the warp finds the page's maxima and moves to them.
+  float mx[2];
+  bool above = false;
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
-    float mx = fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2]));
-    mx = fmaxf(mx, fmaxf(fmaxf(s[2][col], s[2][col + 2]), fmaxf(s[3][col], s[3][col + 2])));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float m_new = fmaxf(st.m[col], ref[col] + mx);
-    alpha[col] = ptx::Exp2(st.m[col] - m_new);  // 0 on the first page (m = -inf)
-    shift[col] = m_new - ref[col];
-    moved |= shift[col] != 0.0f || m_new != st.m[col];
-    st.m[col] = m_new;
+    mx[col] = fmaxf(fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2])),
+                    fmaxf(fmaxf(s[2][col], s[2][col + 2]), fmaxf(s[3][col], s[3][col + 2])));
+    above |= mx[col] > 0.0f || ref[col] != st.m[col];
   }
-  if (__any_sync(0xffffffffu, moved)) {
+  if (__any_sync(0xffffffffu, above)) {
 #pragma unroll
     for (int col = 0; col < 2; ++col) {
-      st.l[col] *= alpha[col];
-      st.spo[col] *= alpha[col];
+      float m = mx[col];
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      const float m_new = fmaxf(st.m[col], ref[col] + m);
+      const float alpha = ptx::Exp2(st.m[col] - m_new);  // 0 on the first page (m = -inf)
+      const float shift = m_new - ref[col];
+      st.m[col] = m_new;
+      st.l[col] *= alpha;
+      st.spo[col] *= alpha;
 #pragma unroll
       for (int mb = 0; mb < D / 16; ++mb) {
-        st.o[mb][col] *= alpha[col];
-        st.o[mb][col + 2] *= alpha[col];
+        st.o[mb][col] *= alpha;
+        st.o[mb][col + 2] *= alpha;
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[i][col] -= shift[col];
-        s[i][col + 2] -= shift[col];
+        s[i][col] -= shift;
+        s[i][col + 2] -= shift;
       }
     }
   }
