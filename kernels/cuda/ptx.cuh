@@ -138,6 +138,13 @@ __device__ __forceinline__ uint32_t PackBf162(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Both halves of the fp16x2 x times the low half of the fp16x2 s (one fp16x2 multiply).
+__device__ __forceinline__ uint32_t MulByLowHalf(uint32_t x, uint32_t s) {
+  const __half2 y = __hmul2(*reinterpret_cast<const __half2*>(&x),
+                            __low2half2(*reinterpret_cast<const __half2*>(&s)));
+  return *reinterpret_cast<const uint32_t*>(&y);
+}
+
 __device__ __forceinline__ float HalfLo(uint32_t x) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(x & 0xffff)));
 }

@@ -185,22 +185,22 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
       }
     }
   }
-  // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed).
+  // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed): a
+  // token's two head columns are rounded to fp16 together and take its V scale in one fp16x2
+  // multiply (the scale is fp16 in the page already).
   uint32_t pb0[4], pb1[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float pv[4];
+    float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = e & 1;
-      const uint32_t vp = r.vp[2 * i + (e >> 1)];
-      const float p = ptx::Exp2(s[i][e]);
-      st.l[col] += p;
-      st.spo[col] += p * ptx::HalfHi(vp);
-      pv[e] = p * ptx::HalfLo(vp);
+      p[e] = ptx::Exp2(s[i][e]);
+      st.l[col] += p[e];
+      st.spo[col] += p[e] * ptx::HalfHi(r.vp[2 * i + (e >> 1)]);
     }
-    pb0[i] = ptx::Transpose8x8(ptx::PackHalf2(pv[0], pv[1]));
-    pb1[i] = ptx::Transpose8x8(ptx::PackHalf2(pv[2], pv[3]));
+    pb0[i] = ptx::Transpose8x8(ptx::MulByLowHalf(ptx::PackHalf2(p[0], p[1]), r.vp[2 * i]));
+    pb1[i] = ptx::Transpose8x8(ptx::MulByLowHalf(ptx::PackHalf2(p[2], p[3]), r.vp[2 * i + 1]));
   }
   // Oᵀ += Vᵀ·P'ᵀ over the page's 64 tokens, one 16-channel tile at a time, straight into the
   // warp's accumulators: the codes carry no bias (ExtractPair), so nothing large builds up
