@@ -100,6 +100,13 @@ struct WarpState {
   float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, heads 2t | 2t+1)
   float m[2], l[2];    // running max (log2 units) and Σp (this thread's rows only)
   float spo[2];        // Σ p·offset_v (this thread's rows)
+
+  __device__ __forceinline__ void Clear() {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) m[col] = -INFINITY, l[col] = spo[col] = 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < D / 16; ++mb) o[mb][0] = o[mb][1] = o[mb][2] = o[mb][3] = 0.0f;
+  }
 };
 
 // The page's scores Sᵀ = K·Qᵀ (log2 units) less `ref`, a reference per head column (the warp's
@@ -221,6 +228,186 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   }
 }
 
+// What a warp keeps of its KV head's queries through the page loop.
+template <int D>
+struct Int2Queries {
+  uint32_t bq[D / 16][2];  // B fragments of Q' (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g)
+  float sumq[2];           // Σq of heads 2t and 2t+1
+};
+
+// The queries of KV head h's group, scaled for exp2, into s_q, then each warp's fragments and
+// sums. quick: 16-byte loads, one lane per 8 channels, and sums from shuffles; `after_load`
+// runs once the queries are in shared memory (the kernel asks for more pages there).
+// Otherwise one element per thread and a loop over s_q for the sums.
+template <int D, typename AfterLoad>
+__device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, int b, int h, int G,
+                                                bool quick, float (&s_q)[kMaxGroup][D],
+                                                float (&s_sumq)[kMaxGroup], Int2Queries<D>& q,
+                                                AfterLoad after_load) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const float qscale = p.sm_scale * kLog2e;
+  if (quick) {
+    constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
+    const int n = threadIdx.x / kLanesPerHead, d0 = threadIdx.x % kLanesPerHead * 8;
+    float part_q = 0.0f;
+    if (n < kMaxGroup) {
+      float v[8] = {};
+      if (n < G) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(
+            p.q + (int64_t{b} * p.num_q_heads + h * G + n) * D + d0);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[2 * j] = __uint_as_float(w[j] << 16) * qscale;
+          v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u) * qscale;
+        }
+      }
+      *reinterpret_cast<float4*>(&s_q[n][d0]) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(&s_q[n][d0 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part_q += v[j];
+    }
+#pragma unroll
+    for (int x = 1; x < kLanesPerHead; x <<= 1) part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
+    if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) s_sumq[n] = part_q;
+    __syncthreads();
+    after_load();
+#pragma unroll
+    for (int col = 0; col < 2; ++col) q.sumq[col] = s_sumq[2 * t + col];
+  } else {
+    for (int i = threadIdx.x; i < kMaxGroup * D; i += kThreads) {
+      const int n = i / D, d = i % D;
+      float v = 0.0f;
+      if (n < G) {
+        const uint16_t bits = p.q[(int64_t{b} * p.num_q_heads + h * G + n) * D + d];
+        v = __bfloat162float(__ushort_as_bfloat16(bits)) * qscale;
+      }
+      s_q[n][d] = v;
+    }
+    __syncthreads();
+    after_load();
+  }
+  // Head g's fragments, divided by the pair weights.
+#pragma unroll
+  for (int step = 0; step < D / 16; ++step) {
+    const int d0 = 16 * step + 2 * t, d1 = d0 + 8;
+    const float w0 = PairWeightInv(2 * (step % 4)), w1 = PairWeightInv(2 * (step % 4) + 1);
+    q.bq[step][0] = ptx::PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
+    q.bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
+  }
+  // Σq per head: lane (g, t) sums a quarter of head g's channels, the quad reduces, then each
+  // lane fetches heads 2t and 2t+1.
+  if (!quick) {
+    float part_q = 0.0f;
+#pragma unroll
+    for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) part_q += s_q[g][d];
+    part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
+    part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
+#pragma unroll
+    for (int col = 0; col < 2; ++col)
+      q.sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
+  }
+}
+
+// A warp's pages through its softmax state, as kFlow asks. load(r, i) brings page i into
+// registers (and hands its stage on); wait(i) and release(i) are its two halves.
+template <int D, Int2Flow kFlow, typename Load, typename Wait, typename Release>
+__device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
+                                             const Int2Queries<D>& q, Load load, Wait wait,
+                                             Release release) {
+  if constexpr (kFlow == Int2Flow::kStreamOnly) {
+    for (int i = 0; i < my_pages; ++i) {
+      wait(i);
+      release(i);
+    }
+  } else if constexpr (kFlow == Int2Flow::kOverlap) {
+    // The scores of page i + 1 are computed before page i's softmax and V product, so the two
+    // pages' independent tensor-core chains interleave (a warp's page is otherwise one long
+    // dependent chain, and 3 warps per scheduler do not hide it).
+    if (my_pages > 0) {
+      VRegs<D> cur;
+      float s[4][4], ref[2];
+      {
+        PageRegs<D> first;
+        load(first, 0);
+        ScoreReference(st, ref);
+        KScores(s, first, q.bq, q.sumq, ref);
+        cur = first;
+      }
+      for (int i = 0; i < my_pages; ++i) {
+        PageRegs<D> next;
+        float s_next[4][4], ref_next[2];
+        const bool more = i + 1 < my_pages;
+        if (more) {
+          load(next, i + 1);
+          ScoreReference(st, ref_next);  // page i's maxima are not in yet: SoftmaxAndV shifts
+          KScores(s_next, next, q.bq, q.sumq, ref_next);
+        }
+        SoftmaxAndV(st, s, ref, cur);
+        if (more) {
+          cur = next;  // its V half
+          ref[0] = ref_next[0];
+          ref[1] = ref_next[1];
+#pragma unroll
+          for (int t4 = 0; t4 < 4; ++t4) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[t4][e] = s_next[t4][e];
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = 0; i < my_pages; ++i) {
+      PageRegs<D> cur;
+      load(cur, i);
+      float s[4][4], ref[2];
+      ScoreReference(st, ref);
+      KScores(s, cur, q.bq, q.sumq, ref);
+      SoftmaxAndV(st, s, ref, cur);
+    }
+  }
+}
+
+// The CTA's partial for its page range: each warp's unnormalised output per (head, dim) (the
+// codes' unit and pair weights undone, the offsets added) into s_o, its maxima and sums beside
+// it, then the warps combined into the workspace's row. s_o may alias the staging area.
+template <int D>
+__device__ __forceinline__ void WriteInt2Partial(WarpState<D>& st, float (*s_o)[kMaxGroup][D],
+                                                 float (&s_m)[kWarps][kMaxGroup],
+                                                 float (&s_l)[kWarps][kMaxGroup], int G,
+                                                 int64_t row, const Workspace& ws) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  // Row sums over the 8 row groups of the warp.
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1) {
+      st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
+      st.spo[col] += __shfl_xor_sync(0xffffffffu, st.spo[col], x);
+    }
+  }
+  __syncthreads();  // every warp is done with the staging area
+#pragma unroll
+  for (int mb = 0; mb < D / 16; ++mb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = e & 1, row_half = e >> 1;
+      const int d = 16 * mb + g + 8 * row_half;
+      const float winv = PairWeightInv((2 * mb + row_half) % 8) * kCodeUnitInv;
+      s_o[warp][2 * t + col][d] = st.o[mb][e] * winv + st.spo[col];
+    }
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      s_m[warp][2 * t + col] = st.m[col];
+      s_l[warp][2 * t + col] = st.l[col];
+    }
+  }
+  __syncthreads();
+  CombineWarps<D>(s_o, s_m, s_l, G, row, ws);
+}
+
 template <int D, Int2Flow kFlow>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas, Workspace ws,
@@ -229,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   // The staging area: INT2 pages in flight, or a window CTA's BF16 page (one at a time: two
   // need more shared memory than the INT2 pages, and were slower end to end,
   // docs/benchmarks/attention.md, round 5).
-  constexpr int kStagingBytes = kWarps * kInt2Stages * kInt2StageBytes<D> > kBf16StageBytes<D>
+  constexpr int kStagingBytes = kWarps * kInt2Stages * kInt2StageBytes < D >> kBf16StageBytes<D>
                                     ? kWarps * kInt2Stages * kInt2StageBytes<D>
                                     : kBf16StageBytes<D>;
   __shared__ alignas(128) uint8_t s_stage[kStagingBytes];
@@ -239,7 +426,6 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   const int split = blockIdx.x - window_ctas;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane >> 2, t = lane & 3;
   const KvGeometry& geo = p.geometry;
   const int G = p.num_q_heads / geo.num_kv_heads;
   const PagedSegmentView& seg = p.segments[kHistorySegment];
@@ -255,8 +441,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(s_stage);
   static_assert(kWarps * kMaxGroup * D * 4 <= kStagingBytes, "staging area");
 
-  // Each warp streams pages begin + warp, + 4, ... through kInt2Stages shared-memory stages filled by
-  // the bulk copy engine, so several pages per warp are in flight while it computes. The first
+  // Each warp streams pages begin + warp, + 4, ... through kInt2Stages shared-memory stages filled
+  // by the bulk copy engine, so several pages per warp are in flight while it computes. The first
   // ones are asked for before the queries are read, so the two latencies overlap.
   const int my_pages = begin + warp < end ? (end - (begin + warp) + kWarps - 1) / kWarps : 0;
   uint8_t* stages = s_stage + warp * kInt2Stages * kInt2StageBytes<D>;
@@ -298,80 +484,14 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   ptx::GridDependencyWait();
 
-  // Queries of this KV head's group, scaled for exp2.
-  const float qscale = p.sm_scale * kLog2e;
-  float sumq[2];
-  if (quick) {
-    constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
-    const int n = threadIdx.x / kLanesPerHead, d0 = threadIdx.x % kLanesPerHead * 8;
-    float part_q = 0.0f;
-    if (n < kMaxGroup) {
-      float v[8] = {};
-      if (n < G) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(
-            p.q + (int64_t{b} * p.num_q_heads + h * G + n) * D + d0);
-        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          v[2 * j] = __uint_as_float(w[j] << 16) * qscale;
-          v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u) * qscale;
-        }
-      }
-      *reinterpret_cast<float4*>(&s_q[n][d0]) = make_float4(v[0], v[1], v[2], v[3]);
-      *reinterpret_cast<float4*>(&s_q[n][d0 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) part_q += v[j];
-    }
-#pragma unroll
-    for (int x = 1; x < kLanesPerHead; x <<= 1) part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
-    if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) s_sumq[n] = part_q;
-    __syncthreads();
-    if (lane == 0) {
+  Int2Queries<D> q;
+  LoadInt2Queries<D>(p, b, h, G, quick, s_q, s_sumq, q, [&] {
+    if (quick && lane == 0) {  // the rest of the first burst
       for (int i = first_burst; i < min(my_pages, kInt2Stages); ++i) issue(i);
     }
-#pragma unroll
-    for (int col = 0; col < 2; ++col) sumq[col] = s_sumq[2 * t + col];
-  }
-  for (int i = threadIdx.x; !quick && i < kMaxGroup * D; i += kThreads) {
-    const int n = i / D, d = i % D;
-    float v = 0.0f;
-    if (n < G) {
-      const uint16_t bits = p.q[(int64_t{b} * p.num_q_heads + h * G + n) * D + d];
-      v = __bfloat162float(__ushort_as_bfloat16(bits)) * qscale;
-    }
-    s_q[n][d] = v;
-  }
-  if (!quick) __syncthreads();
-  // B fragments of Q': (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g), divided by the pair weights.
-  uint32_t bq[D / 16][2];
-#pragma unroll
-  for (int step = 0; step < D / 16; ++step) {
-    const int d0 = 16 * step + 2 * t, d1 = d0 + 8;
-    const float w0 = PairWeightInv(2 * (step % 4)), w1 = PairWeightInv(2 * (step % 4) + 1);
-    bq[step][0] = ptx::PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
-    bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
-  }
-  // Σq per head: lane (g, t) sums a quarter of head g's channels, the quad reduces, then each
-  // lane fetches heads 2t and 2t+1.
-  if (!quick) {
-    float part_q = 0.0f;
-#pragma unroll
-    for (int d = t * (D / 4); d < (t + 1) * (D / 4); ++d) part_q += s_q[g][d];
-    part_q += __shfl_xor_sync(0xffffffffu, part_q, 1);
-    part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
-#pragma unroll
-    for (int col = 0; col < 2; ++col)
-      sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
-  }
-
+  });
   WarpState<D> st;
-#pragma unroll
-  for (int col = 0; col < 2; ++col) {
-    st.m[col] = -INFINITY;
-    st.l[col] = st.spo[col] = 0.0f;
-  }
-#pragma unroll
-  for (int mb = 0; mb < D / 16; ++mb) st.o[mb][0] = st.o[mb][1] = st.o[mb][2] = st.o[mb][3] = 0.0f;
+  st.Clear();
 
   // Page i's stage, once its copies have landed.
   auto wait = [&](int i) {
@@ -391,90 +511,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     LoadPage(r, wait(i), lane);
     release(i);
   };
-  if constexpr (kFlow == Int2Flow::kStreamOnly) {
-    for (int i = 0; i < my_pages; ++i) {
-      wait(i);
-      release(i);
-    }
-  } else if constexpr (kFlow == Int2Flow::kOverlap) {
-    // The scores of page i + 1 are computed before page i's softmax and V product, so the two
-    // pages' independent tensor-core chains interleave (a warp's page is otherwise one long
-    // dependent chain, and 3 warps per scheduler do not hide it).
-    if (my_pages > 0) {
-      VRegs<D> cur;
-      float s[4][4], ref[2];
-      {
-        PageRegs<D> first;
-        load(first, 0);
-        ScoreReference(st, ref);
-        KScores(s, first, bq, sumq, ref);
-        cur = first;
-      }
-      for (int i = 0; i < my_pages; ++i) {
-        PageRegs<D> next;
-        float s_next[4][4], ref_next[2];
-        const bool more = i + 1 < my_pages;
-        if (more) {
-          load(next, i + 1);
-          ScoreReference(st, ref_next);  // page i's maxima are not in yet: SoftmaxAndV shifts
-          KScores(s_next, next, bq, sumq, ref_next);
-        }
-        SoftmaxAndV(st, s, ref, cur);
-        if (more) {
-          cur = next;  // its V half
-          ref[0] = ref_next[0];
-          ref[1] = ref_next[1];
-#pragma unroll
-          for (int t4 = 0; t4 < 4; ++t4) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[t4][e] = s_next[t4][e];
-          }
-        }
-      }
-    }
-  } else {
-    for (int i = 0; i < my_pages; ++i) {
-      PageRegs<D> cur;
-      load(cur, i);
-      float s[4][4], ref[2];
-      ScoreReference(st, ref);
-      KScores(s, cur, bq, sumq, ref);
-      SoftmaxAndV(st, s, ref, cur);
-    }
-  }
+  RunInt2Pages<D, kFlow>(st, my_pages, q, load, wait, release);
   ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
-  // Row sums over the 8 row groups of the warp.
-#pragma unroll
-  for (int col = 0; col < 2; ++col) {
-#pragma unroll
-    for (int x = 4; x <= 16; x <<= 1) {
-      st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
-      st.spo[col] += __shfl_xor_sync(0xffffffffu, st.spo[col], x);
-    }
-  }
-  __syncthreads();  // every warp is done with the staging area
-  // This warp's unnormalised output per (head, dim): undo the codes' unit and pair weights,
-  // add the offsets.
-#pragma unroll
-  for (int mb = 0; mb < D / 16; ++mb) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = e & 1, row_half = e >> 1;
-      const int d = 16 * mb + g + 8 * row_half;
-      const float winv = PairWeightInv((2 * mb + row_half) % 8) * kCodeUnitInv;
-      s_o[warp][2 * t + col][d] = st.o[mb][e] * winv + st.spo[col];
-    }
-  }
-  if (g == 0) {
-#pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      s_m[warp][2 * t + col] = st.m[col];
-      s_l[warp][2 * t + col] = st.l[col];
-    }
-  }
-  __syncthreads();
-  CombineWarps<D>(s_o, s_m, s_l, G, PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split),
-                  ws);
+  WriteInt2Partial<D>(st, s_o, s_m, s_l, G,
+                      PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split), ws);
 }
 
 }  // namespace
