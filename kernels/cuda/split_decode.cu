@@ -263,11 +263,16 @@ cudaError_t AllowLargeSharedMemory() {
 }
 
 // The INT2 history kernel the variant asks for (split_decode_int2.cuh).
+// group: query heads per KV head, pages_per_split: the plan's range (0, 0 when not known: the
+// kernel for any group and range).
 template <int D>
-auto Int2Kernel(const SplitDecodeVariant& v) {
-  if (v.int2_bandwidth_probe) return Int2HistoryKernel<D, Int2Flow::kStreamOnly>;
-  return v.int2_overlap_pages ? Int2HistoryKernel<D, Int2Flow::kOverlap>
-                              : Int2HistoryKernel<D, Int2Flow::kWholePage>;
+auto Int2Kernel(const SplitDecodeVariant& v, int group, int pages_per_split) {
+  if (v.int2_bandwidth_probe) return Int2HistoryKernel<D, Int2Flow::kStreamOnly, false>;
+  if (v.int2_overlap_pages) return Int2HistoryKernel<D, Int2Flow::kOverlap, false>;
+  const bool split_rows = group > 0 && group <= 4 && pages_per_split > 0 &&
+                          pages_per_split >= v.int2_split_rows_min_pages;
+  return split_rows ? Int2HistoryKernel<D, Int2Flow::kWholePage, true>
+                    : Int2HistoryKernel<D, Int2Flow::kWholePage, false>;
 }
 
 template <typename Kernel>
@@ -303,10 +308,11 @@ int SplitDecodeCtasPerSm(int head_dim, PageEncoding history, const SplitDecodeVa
                : Occupancy(CodecHistoryKernel<128>, kCodecHistorySmemBytes<128>);
   }
   if (history != PageEncoding::kBf16) {
-    // The bandwidth probe is planned as the kernel whose page stream it measures.
+    // The bandwidth probe is planned as the kernel whose page stream it measures; the kernel
+    // for any group stands for both forms (the same launch bounds, 3 CTAs an SM).
     SplitDecodeVariant v = variant;
     v.int2_bandwidth_probe = false;
-    return d64 ? Occupancy(Int2Kernel<64>(v), 0) : Occupancy(Int2Kernel<128>(v), 0);
+    return d64 ? Occupancy(Int2Kernel<64>(v, 0, 0), 0) : Occupancy(Int2Kernel<128>(v, 0, 0), 0);
   }
   if (!variant.bf16_tensor_cores) {
     return d64 ? Occupancy(Bf16HistoryKernel<64>, 0) : Occupancy(Bf16HistoryKernel<128>, 0);
@@ -451,8 +457,9 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
       Bf16HistoryKernel<D><<<dim3(plan.splits, g.num_kv_heads, p.batch), kThreads, 0, stream>>>(
           p, pps, ws);
     } else {
-      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream, Int2Kernel<D>(v), p, pps,
-                       window_ctas, ws, v.int2_quick_start, early, v.int2_slots_ahead);
+      e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream,
+                       Int2Kernel<D>(v, p.num_q_heads / g.num_kv_heads, pps), p, pps, window_ctas,
+                       ws, v.int2_quick_start, early, v.int2_slots_ahead);
     }
     if (e != cudaSuccess) return e;
     if (window_ctas == 0) {

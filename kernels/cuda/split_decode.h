@@ -64,6 +64,14 @@ struct SplitDecodeVariant {
   // whole warp waits for, once a page). Measured on one H200: 1-6 % faster per layer at 31 of 32
   // points (both shapes, batch 1-32, 8K-128K); the same results.
   bool int2_slots_ahead = true;
+  // INT2 history, groups of at most 4 query heads (both model shapes here), page ranges of at
+  // least this many pages: every head in two of the tensor-core product's 8 columns, so each
+  // lane's softmax, scale and probability work covers half of a 16-token tile's rows instead of
+  // all of them for heads half of which do not exist; the two halves' sums meet once, at the end
+  // of the range. Measured on one H200: 7 % fewer instructions, 0-7 % faster per layer from 4
+  // pages a warp on, 0.95-1.00x below (docs/benchmarks/attention.md, round 8). 0: any range;
+  // a number above any range: never.
+  int int2_split_rows_min_pages = 16;
   // For benchmarks only: the INT2 history kernel streams its pages through its stages and does
   // no math, so the output is wrong (empty history partials). What the page reads alone cost.
   bool int2_bandwidth_probe = false;

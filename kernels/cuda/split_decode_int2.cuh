@@ -114,10 +114,13 @@ struct WarpState {
 // 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8). With the reference
 // taken off in the same fused multiply-adds that apply the token's scale and offset, the
 // softmax needs no subtraction once the running maxima have settled.
-template <int D>
+//
+// kSplitRows (a group of at most 4 heads, each in two of the mma's 8 columns, Int2Queries): lane
+// (g, t) keeps only the tile's row g (t < 2) or row g + 8 (t >= 2, `upper`), in s[i][0..1].
+template <int D, bool kSplitRows>
 __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
                                         const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
-                                        const float (&ref)[2]) {
+                                        const float (&ref)[2], bool upper) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
@@ -130,14 +133,22 @@ __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
           ExtractPair(w1, w1s, ph), bq[step][0], bq[step][1]);
     }
     // S = offset·Σq + scale·2^24·R, less the reference (fp32).
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint32_t kp = r.kp[2 * i + half];
+    if constexpr (kSplitRows) {
+      const uint32_t kp = upper ? r.kp[2 * i + 1] : r.kp[2 * i];
       const float scale = ptx::HalfLo(kp) * kCodeUnitInv, offset = ptx::HalfHi(kp);
+      const float x0 = upper ? s[i][2] : s[i][0], x1 = upper ? s[i][3] : s[i][1];
+      s[i][0] = fmaf(scale, x0, fmaf(offset, sumq[0], -ref[0]));
+      s[i][1] = fmaf(scale, x1, fmaf(offset, sumq[1], -ref[1]));
+    } else {
 #pragma unroll
-      for (int col = 0; col < 2; ++col) {
-        float& x = s[i][2 * half + col];
-        x = fmaf(scale, x, fmaf(offset, sumq[col], -ref[col]));
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t kp = r.kp[2 * i + half];
+        const float scale = ptx::HalfLo(kp) * kCodeUnitInv, offset = ptx::HalfHi(kp);
+#pragma unroll
+        for (int col = 0; col < 2; ++col) {
+          float& x = s[i][2 * half + col];
+          x = fmaf(scale, x, fmaf(offset, sumq[col], -ref[col]));
+        }
       }
     }
   }
@@ -151,9 +162,12 @@ __device__ __forceinline__ void ScoreReference(const WarpState<D>& st, float (&r
 }
 
 // The page's scores s (KScores, less `ref`) into the warp's softmax state and its V product.
-template <int D>
+// kSplitRows: the lane's one row of each tile (KScores); lanes t and t + 2 hold the same heads'
+// states over different tokens, and their sums meet at the end (WriteInt2Partial).
+template <int D, bool kSplitRows>
 __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
-                                            const float (&ref)[2], const VRegs<D>& r) {
+                                            const float (&ref)[2], const VRegs<D>& r, bool upper) {
+  constexpr int kRows = kSplitRows ? 1 : 2;  // rows of each tile this lane takes
   // Online softmax per head column. Once the running maxima settle, the page's scores were
   // taken off the current maximum and none is above 0: a warp-uniform vote then skips the
   // maxima's reduction across the warp, the rescale and the shift, which would change nothing
@@ -163,14 +177,17 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   bool above = false;
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
-    mx[col] = fmaxf(fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2])),
-                    fmaxf(fmaxf(s[2][col], s[2][col + 2]), fmaxf(s[3][col], s[3][col + 2])));
+    mx[col] = kSplitRows
+                  ? fmaxf(fmaxf(s[0][col], s[1][col]), fmaxf(s[2][col], s[3][col]))
+                  : fmaxf(fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2])),
+                          fmaxf(fmaxf(s[2][col], s[2][col + 2]), fmaxf(s[3][col], s[3][col + 2])));
     above |= mx[col] > 0.0f || ref[col] != st.m[col];
   }
   if (__any_sync(0xffffffffu, above)) {
 #pragma unroll
     for (int col = 0; col < 2; ++col) {
       float m = mx[col];
+      if constexpr (kSplitRows) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
@@ -187,8 +204,8 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[i][col] -= shift;
-        s[i][col + 2] -= shift;
+#pragma unroll
+        for (int row = 0; row < kRows; ++row) s[i][col + 2 * row] -= shift;
       }
     }
   }
@@ -197,7 +214,24 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   // multiply (the scale is fp16 in the page already).
   uint32_t pb0[4], pb1[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 4 && kSplitRows; ++i) {
+    // The lane's row goes to the B rows of its tokens (tokens 0-7 of the k-step: pb0, 8-15:
+    // pb1) in its own two columns, zero in the other: column n < 4 sums head n over tokens 0-7
+    // and column n + 4 the same head over tokens 8-15.
+    float p[2];
+    const uint32_t vp = upper ? r.vp[2 * i + 1] : r.vp[2 * i];
+#pragma unroll
+    for (int col = 0; col < 2; ++col) {
+      p[col] = ptx::Exp2(s[i][col]);
+      st.l[col] += p[col];
+      st.spo[col] += p[col] * ptx::HalfHi(vp);
+    }
+    const uint32_t x = ptx::MulByLowHalf(ptx::PackHalf2(p[0], p[1]), vp);
+    pb0[i] = ptx::Transpose8x8(upper ? 0u : x);
+    pb1[i] = ptx::Transpose8x8(upper ? x : 0u);
+  }
+#pragma unroll
+  for (int i = 0; i < 4 && !kSplitRows; ++i) {
     float p[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -228,23 +262,26 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   }
 }
 
-// What a warp keeps of its KV head's queries through the page loop.
+// What a warp keeps of its KV head's queries through the page loop. Column n of the mma is
+// head n, or with kSplitRows (a group of at most 4 heads) head n % 4: every head twice.
 template <int D>
 struct Int2Queries {
-  uint32_t bq[D / 16][2];  // B fragments of Q' (dims 16s+2t, +1 | 16s+2t+8, +9 ; head g)
-  float sumq[2];           // Σq of heads 2t and 2t+1
+  uint32_t bq[D / 16][2];  // B fragments of Q' (dims 16s+2t, +1 | 16s+2t+8, +9 ; column g)
+  float sumq[2];           // Σq of columns 2t and 2t+1
 };
 
 // The queries of KV head h's group, scaled for exp2, into s_q, then each warp's fragments and
 // sums. quick: 16-byte loads, one lane per 8 channels, and sums from shuffles; `after_load`
 // runs once the queries are in shared memory (the kernel asks for more pages there).
 // Otherwise one element per thread and a loop over s_q for the sums.
-template <int D, typename AfterLoad>
+template <int D, bool kSplitRows, typename AfterLoad>
 __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, int b, int h, int G,
                                                 bool quick, float (&s_q)[kMaxGroup][D],
                                                 float (&s_sumq)[kMaxGroup], Int2Queries<D>& q,
                                                 AfterLoad after_load) {
-  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x % 32, t = lane & 3;
+  const int g = kSplitRows ? (lane >> 2) & 3 : lane >> 2;  // the head of column lane >> 2
+  const int t2 = kSplitRows ? (2 * t) & 3 : 2 * t;         // the head of column 2t
   const float qscale = p.sm_scale * kLog2e;
   if (quick) {
     constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
@@ -273,7 +310,7 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
     __syncthreads();
     after_load();
 #pragma unroll
-    for (int col = 0; col < 2; ++col) q.sumq[col] = s_sumq[2 * t + col];
+    for (int col = 0; col < 2; ++col) q.sumq[col] = s_sumq[t2 + col];
   } else {
     for (int i = threadIdx.x; i < kMaxGroup * D; i += kThreads) {
       const int n = i / D, d = i % D;
@@ -296,7 +333,7 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
     q.bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
   }
   // Σq per head: lane (g, t) sums a quarter of head g's channels, the quad reduces, then each
-  // lane fetches heads 2t and 2t+1.
+  // lane fetches its two columns' heads.
   if (!quick) {
     float part_q = 0.0f;
 #pragma unroll
@@ -305,16 +342,17 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
     part_q += __shfl_xor_sync(0xffffffffu, part_q, 2);
 #pragma unroll
     for (int col = 0; col < 2; ++col)
-      q.sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (2 * t + col));
+      q.sumq[col] = __shfl_sync(0xffffffffu, part_q, 4 * (t2 + col));
   }
 }
 
 // A warp's pages through its softmax state, as kFlow asks. load(r, i) brings page i into
 // registers (and hands its stage on); wait(i) and release(i) are its two halves.
-template <int D, Int2Flow kFlow, typename Load, typename Wait, typename Release>
+template <int D, Int2Flow kFlow, bool kSplitRows, typename Load, typename Wait, typename Release>
 __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
                                              const Int2Queries<D>& q, Load load, Wait wait,
                                              Release release) {
+  const bool upper = (threadIdx.x & 3) >= 2;  // kSplitRows: this lane takes rows g + 8
   if constexpr (kFlow == Int2Flow::kStreamOnly) {
     for (int i = 0; i < my_pages; ++i) {
       wait(i);
@@ -331,7 +369,7 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
         PageRegs<D> first;
         load(first, 0);
         ScoreReference(st, ref);
-        KScores(s, first, q.bq, q.sumq, ref);
+        KScores<D, kSplitRows>(s, first, q.bq, q.sumq, ref, upper);
         cur = first;
       }
       for (int i = 0; i < my_pages; ++i) {
@@ -341,9 +379,9 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
         if (more) {
           load(next, i + 1);
           ScoreReference(st, ref_next);  // page i's maxima are not in yet: SoftmaxAndV shifts
-          KScores(s_next, next, q.bq, q.sumq, ref_next);
+          KScores<D, kSplitRows>(s_next, next, q.bq, q.sumq, ref_next, upper);
         }
-        SoftmaxAndV(st, s, ref, cur);
+        SoftmaxAndV<D, kSplitRows>(st, s, ref, cur, upper);
         if (more) {
           cur = next;  // its V half
           ref[0] = ref_next[0];
@@ -362,8 +400,8 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
       load(cur, i);
       float s[4][4], ref[2];
       ScoreReference(st, ref);
-      KScores(s, cur, q.bq, q.sumq, ref);
-      SoftmaxAndV(st, s, ref, cur);
+      KScores<D, kSplitRows>(s, cur, q.bq, q.sumq, ref, upper);
+      SoftmaxAndV<D, kSplitRows>(st, s, ref, cur, upper);
     }
   }
 }
@@ -371,19 +409,28 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
 // The CTA's partial for its page range: each warp's unnormalised output per (head, dim) (the
 // codes' unit and pair weights undone, the offsets added) into s_o, its maxima and sums beside
 // it, then the warps combined into the workspace's row. s_o may alias the staging area.
-template <int D>
+// kSplitRows: lanes t and t + 2 (columns n and n + 4, the same head) add up first; the copy in
+// columns 4-7 lands in heads 4-7 of s_o, which CombineWarps does not read (G <= 4).
+template <int D, bool kSplitRows>
 __device__ __forceinline__ void WriteInt2Partial(WarpState<D>& st, float (*s_o)[kMaxGroup][D],
                                                  float (&s_m)[kWarps][kMaxGroup],
                                                  float (&s_l)[kWarps][kMaxGroup], int G,
                                                  int64_t row, const Workspace& ws) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  // Row sums over the 8 row groups of the warp.
+  // Row sums over the 8 row groups of the warp (and with kSplitRows the head's two lanes).
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
 #pragma unroll
-    for (int x = 4; x <= 16; x <<= 1) {
+    for (int x = kSplitRows ? 2 : 4; x <= 16; x <<= 1) {
       st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], x);
       st.spo[col] += __shfl_xor_sync(0xffffffffu, st.spo[col], x);
+    }
+  }
+  if constexpr (kSplitRows) {
+#pragma unroll
+    for (int mb = 0; mb < D / 16; ++mb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[mb][e] += __shfl_xor_sync(0xffffffffu, st.o[mb][e], 2);
     }
   }
   __syncthreads();  // every warp is done with the staging area
@@ -408,7 +455,9 @@ __device__ __forceinline__ void WriteInt2Partial(WarpState<D>& st, float (*s_o)[
   CombineWarps<D>(s_o, s_m, s_l, G, row, ws);
 }
 
-template <int D, Int2Flow kFlow>
+// kSplitRows: for groups of at most 4 query heads (the caller checks), each head in two of the
+// mma's columns and each lane's softmax work over half of a tile's rows (KScores).
+template <int D, Int2Flow kFlow, bool kSplitRows>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas, Workspace ws,
                       bool quick_start, bool early, bool slots_ahead) {
@@ -485,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   ptx::GridDependencyWait();
 
   Int2Queries<D> q;
-  LoadInt2Queries<D>(p, b, h, G, quick, s_q, s_sumq, q, [&] {
+  LoadInt2Queries<D, kSplitRows>(p, b, h, G, quick, s_q, s_sumq, q, [&] {
     if (quick && lane == 0) {  // the rest of the first burst
       for (int i = first_burst; i < min(my_pages, kInt2Stages); ++i) issue(i);
     }
@@ -511,10 +560,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     LoadPage(r, wait(i), lane);
     release(i);
   };
-  RunInt2Pages<D, kFlow>(st, my_pages, q, load, wait, release);
+  RunInt2Pages<D, kFlow, kSplitRows>(st, my_pages, q, load, wait, release);
   ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
-  WriteInt2Partial<D>(st, s_o, s_m, s_l, G,
-                      PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split), ws);
+  WriteInt2Partial<D, kSplitRows>(st, s_o, s_m, s_l, G,
+                                  PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split), ws);
 }
 
 }  // namespace

@@ -351,6 +351,10 @@ const SplitDecodeVariant kVariants[] = {
     // Each page's slot read when the warp asks for the page (the former INT2 history kernel).
     {.int2_slots_ahead = false, .early_launch = true},
     {.int2_slots_ahead = false, .int2_quick_start = false},
+    // Groups of at most 4 heads with their rows split at any range length, and never (the
+    // default splits them in ranges of 16 pages or more).
+    {.int2_split_rows_min_pages = 0},
+    {.int2_split_rows_min_pages = 1 << 30, .early_launch = true},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
@@ -412,8 +416,10 @@ TEST(SplitDecodeGpu, LongPageRangesKeepTheirPrecision) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   double worst = 0;
   uint32_t seed = 1200;
-  const SplitDecodeVariant variants[] = {
-      {}, {.int2_overlap_pages = true}, {.int2_slots_ahead = false}};
+  const SplitDecodeVariant variants[] = {{},
+                                         {.int2_overlap_pages = true},
+                                         {.int2_slots_ahead = false},
+                                         {.int2_split_rows_min_pages = 1 << 30}};
   for (const SplitDecodeVariant& v : variants) {
     for (PageEncoding history : {PageEncoding::kInt2Uniform, PageEncoding::kBf16}) {
       worst = std::max(worst, RunCase({128, 2, 4, 1, {64}, {300}, {256}, 1, history}, seed++, v));
