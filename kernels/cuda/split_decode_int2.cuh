@@ -94,10 +94,12 @@ __device__ __forceinline__ uint32_t Component(const uint4& x, int i) {
   return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
 }
 
-// Per-warp online-softmax state over the pages it has seen. Columns are the heads 2t, 2t+1.
+// Per-warp online-softmax state over the pages it has seen. Columns 2t, 2t+1 are the heads 2t,
+// 2t+1, or with split rows (Int2Queries) heads 2t % 4, 2t % 4 + 1 over this lane's half of the
+// tokens.
 template <int D>
 struct WarpState {
-  float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, heads 2t | 2t+1)
+  float o[D / 16][4];  // Oᵀ accumulators: (dim 16mb+g | +8, columns 2t | 2t+1)
   float m[2], l[2];    // running max (log2 units) and Σp (this thread's rows only)
   float spo[2];        // Σ p·offset_v (this thread's rows)
 
