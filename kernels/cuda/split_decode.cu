@@ -263,14 +263,13 @@ cudaError_t AllowLargeSharedMemory() {
 }
 
 // The INT2 history kernel the variant asks for (split_decode_int2.cuh).
-// group: query heads per KV head, pages_per_split: the plan's range (0, 0 when not known: the
+// group: query heads per KV head, pages_per_split: the plan's range (group 0 when not known: the
 // kernel for any group and range).
 template <int D>
 auto Int2Kernel(const SplitDecodeVariant& v, int group, int pages_per_split) {
   if (v.int2_bandwidth_probe) return Int2HistoryKernel<D, Int2Flow::kStreamOnly, false>;
   if (v.int2_overlap_pages) return Int2HistoryKernel<D, Int2Flow::kOverlap, false>;
-  const bool split_rows = group > 0 && group <= 4 && pages_per_split > 0 &&
-                          pages_per_split >= v.int2_split_rows_min_pages;
+  const bool split_rows = group > 0 && group <= 4 && pages_per_split >= v.int2_split_rows_min_pages;
   return split_rows ? Int2HistoryKernel<D, Int2Flow::kWholePage, true>
                     : Int2HistoryKernel<D, Int2Flow::kWholePage, false>;
 }

@@ -64,7 +64,7 @@ struct PageRegs : VRegs<D> {
 
 // Bytes of one (page, layer, KV head): its K block then its V block.
 template <int D>
-constexpr int kInt2StageBytes = 2 * kPageTokens*(D / 4 + 4);
+constexpr int kInt2StageBytes = 2 * (kPageTokens * (D / 4 + 4));
 
 // Registers from a page staged in shared memory (K block at `st`, V block after it).
 template <int D>
@@ -111,6 +111,10 @@ struct WarpState {
   }
 };
 
+// The row halves of each 16-token tile a lane works on: both, or with split rows one.
+template <bool kSplitRows>
+constexpr int kTileRows = kSplitRows ? 1 : 2;
+
 // The page's scores Sᵀ = K·Qᵀ (log2 units) less `ref`, a reference per head column (the warp's
 // running maximum when the page's scores are computed, or 0 before the first page): four
 // 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8). With the reference
@@ -118,7 +122,8 @@ struct WarpState {
 // softmax needs no subtraction once the running maxima have settled.
 //
 // kSplitRows (a group of at most 4 heads, each in two of the mma's 8 columns, Int2Queries): lane
-// (g, t) keeps only the tile's row g (t < 2) or row g + 8 (t >= 2, `upper`), in s[i][0..1].
+// (g, t) keeps only the tile's row g (t < 2) or row g + 8 (t >= 2, `upper`), in s[i][0..1];
+// otherwise s[i][2 * half + col] holds row g + 8·half.
 template <int D, bool kSplitRows>
 __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
                                         const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
@@ -134,23 +139,16 @@ __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
       Mma(s[i], ExtractPair(w0, w0s, pl), ExtractPair(w1, w1s, pl), ExtractPair(w0, w0s, ph),
           ExtractPair(w1, w1s, ph), bq[step][0], bq[step][1]);
     }
-    // S = offset·Σq + scale·2^24·R, less the reference (fp32).
-    if constexpr (kSplitRows) {
-      const uint32_t kp = upper ? r.kp[2 * i + 1] : r.kp[2 * i];
+    // S = offset·Σq + scale·2^24·R, less the reference (fp32), for the lane's row halves.
+#pragma unroll
+    for (int half = 0; half < kTileRows<kSplitRows>; ++half) {
+      const bool lower_row = kSplitRows ? upper : half == 1;  // row g + 8 of the tile
+      const uint32_t kp = lower_row ? r.kp[2 * i + 1] : r.kp[2 * i];
       const float scale = ptx::HalfLo(kp) * kCodeUnitInv, offset = ptx::HalfHi(kp);
-      const float x0 = upper ? s[i][2] : s[i][0], x1 = upper ? s[i][3] : s[i][1];
-      s[i][0] = fmaf(scale, x0, fmaf(offset, sumq[0], -ref[0]));
-      s[i][1] = fmaf(scale, x1, fmaf(offset, sumq[1], -ref[1]));
-    } else {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t kp = r.kp[2 * i + half];
-        const float scale = ptx::HalfLo(kp) * kCodeUnitInv, offset = ptx::HalfHi(kp);
-#pragma unroll
-        for (int col = 0; col < 2; ++col) {
-          float& x = s[i][2 * half + col];
-          x = fmaf(scale, x, fmaf(offset, sumq[col], -ref[col]));
-        }
+      for (int col = 0; col < 2; ++col) {
+        const float x = lower_row ? s[i][2 + col] : s[i][col];
+        s[i][2 * half + col] = fmaf(scale, x, fmaf(offset, sumq[col], -ref[col]));
       }
     }
   }
@@ -169,7 +167,7 @@ __device__ __forceinline__ void ScoreReference(const WarpState<D>& st, float (&r
 template <int D, bool kSplitRows>
 __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
                                             const float (&ref)[2], const VRegs<D>& r, bool upper) {
-  constexpr int kRows = kSplitRows ? 1 : 2;  // rows of each tile this lane takes
+  constexpr int kRows = kTileRows<kSplitRows>;
   // Online softmax per head column. Once the running maxima settle, the page's scores were
   // taken off the current maximum and none is above 0: a warp-uniform vote then skips the
   // maxima's reduction across the warp, the rescale and the shift, which would change nothing
@@ -179,10 +177,10 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   bool above = false;
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
-    mx[col] = kSplitRows
-                  ? fmaxf(fmaxf(s[0][col], s[1][col]), fmaxf(s[2][col], s[3][col]))
-                  : fmaxf(fmaxf(fmaxf(s[0][col], s[0][col + 2]), fmaxf(s[1][col], s[1][col + 2])),
-                          fmaxf(fmaxf(s[2][col], s[2][col + 2]), fmaxf(s[3][col], s[3][col + 2])));
+    float tile[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tile[i] = kRows == 1 ? s[i][col] : fmaxf(s[i][col], s[i][col + 2]);
+    mx[col] = fmaxf(fmaxf(tile[0], tile[1]), fmaxf(tile[2], tile[3]));
     above |= mx[col] > 0.0f || ref[col] != st.m[col];
   }
   if (__any_sync(0xffffffffu, above)) {
@@ -213,37 +211,33 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   }
   // P, then P' = P·s_v as the B operand of the second product (tokens x heads, transposed): a
   // token's two head columns are rounded to fp16 together and take its V scale in one fp16x2
-  // multiply (the scale is fp16 in the page already).
+  // multiply (the scale is fp16 in the page already). pb0 holds the k-step's tokens 0-7 (rows
+  // g), pb1 its tokens 8-15 (rows g + 8). With split rows the lane's one row goes to its own half
+  // and zero to the other: column n < 4 then sums head n over tokens 0-7 and column n + 4 the
+  // same head over tokens 8-15.
   uint32_t pb0[4], pb1[4];
 #pragma unroll
-  for (int i = 0; i < 4 && kSplitRows; ++i) {
-    // The lane's row goes to the B rows of its tokens (tokens 0-7 of the k-step: pb0, 8-15:
-    // pb1) in its own two columns, zero in the other: column n < 4 sums head n over tokens 0-7
-    // and column n + 4 the same head over tokens 8-15.
-    float p[2];
-    const uint32_t vp = upper ? r.vp[2 * i + 1] : r.vp[2 * i];
+  for (int i = 0; i < 4; ++i) {
+    uint32_t x[2];
 #pragma unroll
-    for (int col = 0; col < 2; ++col) {
-      p[col] = ptx::Exp2(s[i][col]);
-      st.l[col] += p[col];
-      st.spo[col] += p[col] * ptx::HalfHi(vp);
+    for (int half = 0; half < kRows; ++half) {
+      const bool lower_row = kSplitRows ? upper : half == 1;
+      const uint32_t vp = lower_row ? r.vp[2 * i + 1] : r.vp[2 * i];
+      float p[2];
+#pragma unroll
+      for (int col = 0; col < 2; ++col) {
+        p[col] = ptx::Exp2(s[i][2 * half + col]);
+        st.l[col] += p[col];
+        st.spo[col] += p[col] * ptx::HalfHi(vp);
+      }
+      x[half] = ptx::MulByLowHalf(ptx::PackHalf2(p[0], p[1]), vp);
     }
-    const uint32_t x = ptx::MulByLowHalf(ptx::PackHalf2(p[0], p[1]), vp);
-    pb0[i] = ptx::Transpose8x8(upper ? 0u : x);
-    pb1[i] = ptx::Transpose8x8(upper ? x : 0u);
-  }
-#pragma unroll
-  for (int i = 0; i < 4 && !kSplitRows; ++i) {
-    float p[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = e & 1;
-      p[e] = ptx::Exp2(s[i][e]);
-      st.l[col] += p[e];
-      st.spo[col] += p[e] * ptx::HalfHi(r.vp[2 * i + (e >> 1)]);
+    if constexpr (kSplitRows) {
+      x[1] = upper ? x[0] : 0u;
+      x[0] = upper ? 0u : x[0];
     }
-    pb0[i] = ptx::Transpose8x8(ptx::MulByLowHalf(ptx::PackHalf2(p[0], p[1]), r.vp[2 * i]));
-    pb1[i] = ptx::Transpose8x8(ptx::MulByLowHalf(ptx::PackHalf2(p[2], p[3]), r.vp[2 * i + 1]));
+    pb0[i] = ptx::Transpose8x8(x[0]);
+    pb1[i] = ptx::Transpose8x8(x[1]);
   }
   // Oᵀ += Vᵀ·P'ᵀ over the page's 64 tokens, one 16-channel tile at a time, straight into the
   // warp's accumulators: the codes carry no bias (ExtractPair), so nothing large builds up
@@ -467,9 +461,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   // The staging area: INT2 pages in flight, or a window CTA's BF16 page (one at a time: two
   // need more shared memory than the INT2 pages, and were slower end to end,
   // docs/benchmarks/attention.md, round 5).
-  constexpr int kStagingBytes = kWarps * kInt2Stages * kInt2StageBytes < D >> kBf16StageBytes<D>
-                                    ? kWarps * kInt2Stages * kInt2StageBytes<D>
-                                    : kBf16StageBytes<D>;
+  constexpr int kPagesBytes = kWarps * kInt2Stages * kInt2StageBytes<D>;
+  constexpr int kStagingBytes =
+      (kPagesBytes > kBf16StageBytes<D>) ? kPagesBytes : kBf16StageBytes<D>;
   __shared__ alignas(128) uint8_t s_stage[kStagingBytes];
   if (static_cast<int>(blockIdx.x) < window_ctas) {  // sink or recent pages of the same launch
     Bf16WindowSlot<D, 1>(p, ws, blockIdx.x, h, b, s_stage);
