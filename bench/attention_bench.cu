@@ -89,7 +89,10 @@ constexpr SplitDecodeVariant kBefore = {.bf16_tensor_cores = false,
                                         .int2_slots_ahead = false,
                                         .int2_quick_start = false,
                                         .combine_head_weights = false};
-// The INT2 steps before the slots read ahead (the default since) keep their former kernel.
+// The INT2 steps before the slots read ahead (the default since) keep their former kernel; the
+// page-loop changes made since in kernels the chooser picks by range length (rows split between
+// lane pairs, keys on integer tensor cores) apply to the steps before them where ranges are long.
+// Steps 13-14 keep fp16 pairs for the keys, as measured.
 constexpr Step kInt2Steps[] = {
     {"before: separate fp32 window kernel, one thread per channel merge", kBefore},
     {"+ merge spread over the CTA",
@@ -127,8 +130,16 @@ constexpr Step kInt2Steps[] = {
      {.int2_slots_ahead = false, .early_launch = true, .merge_early_loads = false}},
     {"bandwidth probe: step 10's pages streamed with no math (wrong output)",
      {.int2_slots_ahead = false, .int2_bandwidth_probe = true, .early_launch = true}},
-    {"+ each page's slot read one request ahead (default)", {}},
-    {"+ each page's slot read one request ahead, launched early", {.early_launch = true}},
+    {"+ each page's slot read one request ahead", {.int2_int8_keys_min_pages = 1 << 30}},
+    {"+ each page's slot read one request ahead, launched early",
+     {.int2_int8_keys_min_pages = 1 << 30, .early_launch = true}},
+    {"+ keys on integer tensor cores, four codes a mask, every range",
+     {.int2_int8_keys_min_pages = 0}},
+    {"+ keys on integer tensor cores, every range, launched early",
+     {.int2_int8_keys_min_pages = 0, .early_launch = true}},
+    {"+ keys on integer tensor cores in ranges of 32 pages or more (default)", {}},
+    {"+ keys on integer tensor cores in ranges of 32 pages or more, launched early",
+     {.early_launch = true}},
 };
 constexpr Step kBf16Steps[] = {
     {"fp32 math (before)", kBefore},

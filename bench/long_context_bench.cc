@@ -97,6 +97,10 @@ ABSL_FLAG(int, gpu_window_pages_per_cta, 0,
 ABSL_FLAG(bool, gpu_merge_early_loads, true,
           "attention's merge loads its partial outputs beside their weights' lse; "
           "EngineOptions::gpu_merge_early_loads");
+ABSL_FLAG(bool, gpu_int2_int8_keys, true,
+          "the INT2 history's keys multiplied on integer tensor cores in page ranges of 32 "
+          "pages or more (Q as two 8-bit integers); false: fp16 pairs everywhere; "
+          "EngineOptions::gpu_int2_int8_keys");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
@@ -505,6 +509,7 @@ int Main() {
     o.gpu_early_launches = absl::GetFlag(FLAGS_gpu_early_launches);
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);
     o.gpu_merge_early_loads = absl::GetFlag(FLAGS_gpu_merge_early_loads);
+    o.gpu_int2_int8_keys = absl::GetFlag(FLAGS_gpu_int2_int8_keys);
     o.gpu_fused_kv_writes = absl::GetFlag(FLAGS_gpu_fused_kv_writes);
     o.gpu_sampling = true;
     o.kv_cache.format = format;

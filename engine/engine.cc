@@ -336,6 +336,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.early_launches = options.gpu_early_launches;
     cuda.window_pages_per_cta = std::max(0, options.gpu_window_pages_per_cta);
     cuda.merge_early_loads = options.gpu_merge_early_loads;
+    cuda.int2_int8_keys = options.gpu_int2_int8_keys;
     cuda.fused_kv_writes = options.gpu_fused_kv_writes;
     cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;

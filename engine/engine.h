@@ -121,6 +121,10 @@ struct EngineOptions {
   // cuda: attention's merge loads the partial outputs beside their weights' lse rather than
   // after the weights (kernels::SplitDecodeVariant::merge_early_loads). The same results.
   bool gpu_merge_early_loads = true;
+  // cuda: the INT2 history's keys multiplied on integer tensor cores where attention's page
+  // ranges are long (32 pages or more), four codes a logic op, Q as two 8-bit integers
+  // (kernels::SplitDecodeVariant::int2_int8_keys_min_pages); false: fp16 pairs everywhere.
+  bool gpu_int2_int8_keys = true;
   // cuda: decode steps write the cache in fewer launches: with identity rotations, each layer's
   // per-head launch (biases, q/k norms, RoPE) writes the new K/V rows into their BF16 pages and
   // the queries in attention's BF16 operand itself (no append or query-gather launch); and

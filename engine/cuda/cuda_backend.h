@@ -62,6 +62,9 @@ struct CudaBackendOptions {
   int window_pages_per_cta = 0;
   // Attention's merge loads its partials early (EngineOptions::gpu_merge_early_loads).
   bool merge_early_loads = true;
+  // The INT2 keys' product on integer tensor cores in long page ranges
+  // (EngineOptions::gpu_int2_int8_keys).
+  bool int2_int8_keys = true;
   // Decode steps write the cache in fewer launches (EngineOptions::gpu_fused_kv_writes).
   bool fused_kv_writes = true;
 };

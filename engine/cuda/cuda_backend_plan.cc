@@ -228,6 +228,7 @@ kernels::SplitDecodeVariant CudaBackend::AttentionVariant() const {
   variant.early_launch = options_.early_launches;
   variant.window_pages_per_cta = options_.window_pages_per_cta;
   variant.merge_early_loads = options_.merge_early_loads;
+  if (!options_.int2_int8_keys) variant.int2_int8_keys_min_pages = 1 << 30;  // fp16 pairs only
   return variant;
 }
 

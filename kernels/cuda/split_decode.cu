@@ -12,7 +12,9 @@
 // and the 4^p weights are undone on the fp32 side: per token for K (S = offset·Σq +
 // scale·2^24·R, with q' = q / 4^p folded into Q) and per output channel for V at the end.
 // Dequantisation thus costs one logic op per two codes, and the per-token scale and offset
-// never touch the codes.
+// never touch the codes. In long page ranges the keys' product runs on integer tensor cores
+// instead, four codes a logic op (split_decode_int2.cuh, SplitDecodeVariant::
+// int2_int8_keys_min_pages).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -270,6 +272,10 @@ auto Int2Kernel(const SplitDecodeVariant& v, int group, int pages_per_split) {
   if (v.int2_bandwidth_probe) return Int2HistoryKernel<D, Int2Flow::kStreamOnly, false>;
   if (v.int2_overlap_pages) return Int2HistoryKernel<D, Int2Flow::kOverlap, false>;
   const bool split_rows = group > 0 && group <= 4 && pages_per_split >= v.int2_split_rows_min_pages;
+  if (pages_per_split >= v.int2_int8_keys_min_pages) {
+    return split_rows ? Int2HistoryKernel<D, Int2Flow::kWholePage, true, true>
+                      : Int2HistoryKernel<D, Int2Flow::kWholePage, false, true>;
+  }
   return split_rows ? Int2HistoryKernel<D, Int2Flow::kWholePage, true>
                     : Int2HistoryKernel<D, Int2Flow::kWholePage, false>;
 }

@@ -38,6 +38,27 @@ __device__ __forceinline__ uint32_t ExtractPair(uint32_t w, uint32_t w10, int p)
 // The codes' unit as fp16 subnormals (ExtractPair), undone on the fp32 side.
 constexpr float kCodeUnitInv = 16777216.0f;  // 2^24
 
+// Keys on integer tensor cores (SplitDecodeVariant::int2_int8_keys_min_pages). A mask keeps four
+// codes of a word as bytes at once, each byte an 8-bit integer of the product: w & 0x03030303
+// the codes at bits 0-1 of each byte, w & 0x0C0C0C0C those at bits 2-3 (4·code), and the same
+// masks on w >> 4 the two upper pairs of bits: four masks and a shift for a word's 16 codes,
+// where fp16 pairs take eight masks. The bytes of one register are four channels of one token
+// (KCodeBit's layout), none of them consecutive; the product does not mind the k order as long
+// as Q's fragments follow it (KeyByteChannel). Q is scaled so that its largest |q| is 127·256,
+// divided by 4 where its codes carry the weight 4, and split into 8-bit integers hi·256 + lo:
+// two integer products a tile, exact in 32-bit accumulators, joined as hi·256 + lo before one
+// conversion to float. Q's error is then about 2^-15 of the group's largest value, where fp16
+// rounds each value to 11 bits. (e4m3 operands would take the codes the same way, bytes 0..15
+// being n·2^-9, but mma.sync with e4m3 runs as fp16 on sm_90: docs/data/sass-fp8-keys/.)
+constexpr uint32_t kByteLowCodes = 0x03030303u, kByteHighCodes = 0x0C0C0C0Cu;
+
+// The channel whose code sits in byte j, bit pair qq (0..3: bits 2qq, 2qq + 1 of the byte) of
+// word wi (0 .. D/64 - 1) of a token's K words read by lane t: KCodeBit inverted.
+__device__ __forceinline__ int KeyByteChannel(int wi, int qq, int j, int t) {
+  const int pair = 4 * (j & 1) + qq, elem = j >> 1;
+  return 16 * (4 * wi + pair / 2) + 8 * (pair % 2) + 2 * t + elem;
+}
+
 // 1 / 4^j for the weight of pair p: an exact power of two, built from its exponent bits.
 __device__ __forceinline__ float PairWeightInv(int p) {
   return __int_as_float((127 - 2 * (p < 5 ? p : p - 5)) << 23);
@@ -115,6 +136,18 @@ struct WarpState {
 template <bool kSplitRows>
 constexpr int kTileRows = kSplitRows ? 1 : 2;
 
+// What a warp keeps of its KV head's queries through the page loop. Column n of the mma is
+// head n, or with kSplitRows (a group of at most 4 heads) head n % 4: every head twice.
+template <int D>
+struct Int2Queries {
+  uint32_t bq[D / 16][2];  // B fragments of Q' (dims 16s+2t, +1 | 16s+2t+8, +9 ; column g)
+  // With int8 keys instead: B fragments of Q as 8-bit integers, [word][mask pair m][b0 | b1]
+  // [hi | lo]: the channels of bit pairs 2m and 2m + 1 (KeyByteChannel), column g.
+  uint32_t bk[D / 64][2][2][2];
+  float sumq[2];  // Σq of columns 2t and 2t+1
+  float kunit;    // what undoes the K codes' unit (and Q's int8 scale): S = scale·kunit·R + ...
+};
+
 // The page's scores Sᵀ = K·Qᵀ (log2 units) less `ref`, a reference per head column (the warp's
 // running maximum when the page's scores are computed, or 0 before the first page): four
 // 16-token tiles; tile i holds tokens g+16i (row g) and g+16i+8 (row g+8). With the reference
@@ -124,27 +157,49 @@ constexpr int kTileRows = kSplitRows ? 1 : 2;
 // kSplitRows (a group of at most 4 heads, each in two of the mma's 8 columns, Int2Queries): lane
 // (g, t) keeps only the tile's row g (t < 2) or row g + 8 (t >= 2, `upper`), in s[i][0..1];
 // otherwise s[i][2 * half + col] holds row g + 8·half.
-template <int D, bool kSplitRows>
+//
+// kInt8Keys: the codes four at a time on integer tensor cores (KeyByteChannel).
+template <int D, bool kSplitRows, bool kInt8Keys>
 __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
-                                        const uint32_t (&bq)[D / 16][2], const float (&sumq)[2],
-                                        const float (&ref)[2], bool upper) {
+                                        const Int2Queries<D>& q, const float (&ref)[2],
+                                        bool upper) {
+  const float(&sumq)[2] = q.sumq;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    if constexpr (kInt8Keys) {
+      int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int step = 0; step < D / 16; ++step) {
-      const uint32_t w0 = r.k[2 * i][step / 4], w1 = r.k[2 * i + 1][step / 4];
-      const uint32_t w0s = w0 >> 10, w1s = w1 >> 10;
-      const int pl = 2 * (step % 4), ph = pl + 1;
-      Mma(s[i], ExtractPair(w0, w0s, pl), ExtractPair(w1, w1s, pl), ExtractPair(w0, w0s, ph),
-          ExtractPair(w1, w1s, ph), bq[step][0], bq[step][1]);
+      for (int wi = 0; wi < D / 64; ++wi) {
+        const uint32_t w0 = r.k[2 * i][wi], w1 = r.k[2 * i + 1][wi];
+        const uint32_t w0s = w0 >> 4, w1s = w1 >> 4;
+        const uint32_t a[2][4] = {
+            {w0 & kByteLowCodes, w1 & kByteLowCodes, w0 & kByteHighCodes, w1 & kByteHighCodes},
+            {w0s & kByteLowCodes, w1s & kByteLowCodes, w0s & kByteHighCodes, w1s & kByteHighCodes}};
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          ptx::MmaS8(hi, a[m][0], a[m][1], a[m][2], a[m][3], q.bk[wi][m][0][0], q.bk[wi][m][1][0]);
+          ptx::MmaS8(lo, a[m][0], a[m][1], a[m][2], a[m][3], q.bk[wi][m][0][1], q.bk[wi][m][1][1]);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = static_cast<float>(hi[e] * 256 + lo[e]);
+    } else {
+#pragma unroll
+      for (int step = 0; step < D / 16; ++step) {
+        const uint32_t w0 = r.k[2 * i][step / 4], w1 = r.k[2 * i + 1][step / 4];
+        const uint32_t w0s = w0 >> 10, w1s = w1 >> 10;
+        const int pl = 2 * (step % 4), ph = pl + 1;
+        Mma(s[i], ExtractPair(w0, w0s, pl), ExtractPair(w1, w1s, pl), ExtractPair(w0, w0s, ph),
+            ExtractPair(w1, w1s, ph), q.bq[step][0], q.bq[step][1]);
+      }
     }
-    // S = offset·Σq + scale·2^24·R, less the reference (fp32), for the lane's row halves.
+    // S = offset·Σq + scale·kunit·R, less the reference (fp32), for the lane's row halves.
 #pragma unroll
     for (int half = 0; half < kTileRows<kSplitRows>; ++half) {
       const bool lower_row = kSplitRows ? upper : half == 1;  // row g + 8 of the tile
       const uint32_t kp = lower_row ? r.kp[2 * i + 1] : r.kp[2 * i];
-      const float scale = ptx::HalfLo(kp) * kCodeUnitInv, offset = ptx::HalfHi(kp);
+      const float scale = ptx::HalfLo(kp) * q.kunit, offset = ptx::HalfHi(kp);
 #pragma unroll
       for (int col = 0; col < 2; ++col) {
         const float x = lower_row ? s[i][2 + col] : s[i][col];
@@ -258,19 +313,11 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   }
 }
 
-// What a warp keeps of its KV head's queries through the page loop. Column n of the mma is
-// head n, or with kSplitRows (a group of at most 4 heads) head n % 4: every head twice.
-template <int D>
-struct Int2Queries {
-  uint32_t bq[D / 16][2];  // B fragments of Q' (dims 16s+2t, +1 | 16s+2t+8, +9 ; column g)
-  float sumq[2];           // Σq of columns 2t and 2t+1
-};
-
 // The queries of KV head h's group, scaled for exp2, into s_q, then each warp's fragments and
 // sums. quick: 16-byte loads, one lane per 8 channels, and sums from shuffles; `after_load`
 // runs once the queries are in shared memory (the kernel asks for more pages there).
 // Otherwise one element per thread and a loop over s_q for the sums.
-template <int D, bool kSplitRows, typename AfterLoad>
+template <int D, bool kSplitRows, bool kInt8Keys, typename AfterLoad>
 __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, int b, int h, int G,
                                                 bool quick, float (&s_q)[kMaxGroup][D],
                                                 float (&s_sumq)[kMaxGroup], Int2Queries<D>& q,
@@ -320,13 +367,49 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
     __syncthreads();
     after_load();
   }
-  // Head g's fragments, divided by the pair weights.
+  if constexpr (kInt8Keys) {
+    // The scale: the group's largest |q| (the lane's channels of head g, then the warp's) to
+    // 127·256.
+    float mx = 0.0f;
 #pragma unroll
-  for (int step = 0; step < D / 16; ++step) {
-    const int d0 = 16 * step + 2 * t, d1 = d0 + 8;
-    const float w0 = PairWeightInv(2 * (step % 4)), w1 = PairWeightInv(2 * (step % 4) + 1);
-    q.bq[step][0] = ptx::PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
-    q.bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
+    for (int wi = 0; wi < D / 64; ++wi) {
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(s_q[g][KeyByteChannel(wi, qq, j, t)]));
+      }
+    }
+#pragma unroll
+    for (int x = 1; x < 32; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+    const float f = mx > 0.0f ? 32512.0f / mx : 1.0f;
+    q.kunit = 1.0f / f;
+#pragma unroll
+    for (int wi = 0; wi < D / 64; ++wi) {
+#pragma unroll
+      for (int qq = 0; qq < 4; ++qq) {
+        uint32_t hi = 0, lo = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float x = s_q[g][KeyByteChannel(wi, qq, j, t)] * f * ((qq & 1) ? 0.25f : 1.0f);
+          const int h8 = max(-127, min(127, __float2int_rn(x * (1.0f / 256.0f))));
+          const int l8 = max(-128, min(127, __float2int_rn(x - 256.0f * h8)));
+          hi |= (static_cast<uint32_t>(h8) & 0xffu) << (8 * j);
+          lo |= (static_cast<uint32_t>(l8) & 0xffu) << (8 * j);
+        }
+        q.bk[wi][qq / 2][qq % 2][0] = hi;
+        q.bk[wi][qq / 2][qq % 2][1] = lo;
+      }
+    }
+  } else {
+    // Head g's fragments, divided by the pair weights.
+    q.kunit = kCodeUnitInv;
+#pragma unroll
+    for (int step = 0; step < D / 16; ++step) {
+      const int d0 = 16 * step + 2 * t, d1 = d0 + 8;
+      const float w0 = PairWeightInv(2 * (step % 4)), w1 = PairWeightInv(2 * (step % 4) + 1);
+      q.bq[step][0] = ptx::PackHalf2(s_q[g][d0] * w0, s_q[g][d0 + 1] * w0);
+      q.bq[step][1] = ptx::PackHalf2(s_q[g][d1] * w1, s_q[g][d1 + 1] * w1);
+    }
   }
   // Σq per head: lane (g, t) sums a quarter of head g's channels, the quad reduces, then each
   // lane fetches its two columns' heads.
@@ -344,7 +427,8 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
 
 // A warp's pages through its softmax state, as kFlow asks. load(r, i) brings page i into
 // registers (and hands its stage on); wait(i) and release(i) are its two halves.
-template <int D, Int2Flow kFlow, bool kSplitRows, typename Load, typename Wait, typename Release>
+template <int D, Int2Flow kFlow, bool kSplitRows, bool kInt8Keys, typename Load, typename Wait,
+          typename Release>
 __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
                                              const Int2Queries<D>& q, Load load, Wait wait,
                                              Release release) {
@@ -365,7 +449,7 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
         PageRegs<D> first;
         load(first, 0);
         ScoreReference(st, ref);
-        KScores<D, kSplitRows>(s, first, q.bq, q.sumq, ref, upper);
+        KScores<D, kSplitRows, kInt8Keys>(s, first, q, ref, upper);
         cur = first;
       }
       for (int i = 0; i < my_pages; ++i) {
@@ -375,7 +459,7 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
         if (more) {
           load(next, i + 1);
           ScoreReference(st, ref_next);  // page i's maxima are not in yet: SoftmaxAndV shifts
-          KScores<D, kSplitRows>(s_next, next, q.bq, q.sumq, ref_next, upper);
+          KScores<D, kSplitRows, kInt8Keys>(s_next, next, q, ref_next, upper);
         }
         SoftmaxAndV<D, kSplitRows>(st, s, ref, cur, upper);
         if (more) {
@@ -396,7 +480,7 @@ __device__ __forceinline__ void RunInt2Pages(WarpState<D>& st, int my_pages,
       load(cur, i);
       float s[4][4], ref[2];
       ScoreReference(st, ref);
-      KScores<D, kSplitRows>(s, cur, q.bq, q.sumq, ref, upper);
+      KScores<D, kSplitRows, kInt8Keys>(s, cur, q, ref, upper);
       SoftmaxAndV<D, kSplitRows>(st, s, ref, cur, upper);
     }
   }
@@ -453,7 +537,7 @@ __device__ __forceinline__ void WriteInt2Partial(WarpState<D>& st, float (*s_o)[
 
 // kSplitRows: for groups of at most 4 query heads (the caller checks), each head in two of the
 // mma's columns and each lane's softmax work over half of a tile's rows (KScores).
-template <int D, Int2Flow kFlow, bool kSplitRows>
+template <int D, Int2Flow kFlow, bool kSplitRows, bool kInt8Keys = false>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas, Workspace ws,
                       bool quick_start, bool early, bool slots_ahead) {
@@ -530,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   ptx::GridDependencyWait();
 
   Int2Queries<D> q;
-  LoadInt2Queries<D, kSplitRows>(p, b, h, G, quick, s_q, s_sumq, q, [&] {
+  LoadInt2Queries<D, kSplitRows, kInt8Keys>(p, b, h, G, quick, s_q, s_sumq, q, [&] {
     if (quick && lane == 0) {  // the rest of the first burst
       for (int i = first_burst; i < min(my_pages, kInt2Stages); ++i) issue(i);
     }
@@ -556,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     LoadPage(r, wait(i), lane);
     release(i);
   };
-  RunInt2Pages<D, kFlow, kSplitRows>(st, my_pages, q, load, wait, release);
+  RunInt2Pages<D, kFlow, kSplitRows, kInt8Keys>(st, my_pages, q, load, wait, release);
   ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
   WriteInt2Partial<D, kSplitRows>(st, s_o, s_m, s_l, G,
                                   PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split), ws);

@@ -355,6 +355,11 @@ const SplitDecodeVariant kVariants[] = {
     // default splits them in ranges of 16 pages or more).
     {.int2_split_rows_min_pages = 0},
     {.int2_split_rows_min_pages = 1 << 30, .early_launch = true},
+    // The keys on integer tensor cores in every range (the default: ranges of 32 pages or
+    // more), with rows split in every range and in none; and fp16 pairs everywhere.
+    {.int2_split_rows_min_pages = 0, .int2_int8_keys_min_pages = 0},
+    {.int2_split_rows_min_pages = 1 << 30, .int2_int8_keys_min_pages = 0, .early_launch = true},
+    {.int2_int8_keys_min_pages = 1 << 30},
     {.bf16_tensor_cores = false,
      .fuse_window = false,
      .parallel_merge = false,
@@ -419,7 +424,8 @@ TEST(SplitDecodeGpu, LongPageRangesKeepTheirPrecision) {
   const SplitDecodeVariant variants[] = {{},
                                          {.int2_overlap_pages = true},
                                          {.int2_slots_ahead = false},
-                                         {.int2_split_rows_min_pages = 1 << 30}};
+                                         {.int2_split_rows_min_pages = 1 << 30},
+                                         {.int2_int8_keys_min_pages = 1 << 30}};
   for (const SplitDecodeVariant& v : variants) {
     for (PageEncoding history : {PageEncoding::kInt2Uniform, PageEncoding::kBf16}) {
       worst = std::max(worst, RunCase({128, 2, 4, 1, {64}, {300}, {256}, 1, history}, seed++, v));
