@@ -313,15 +313,21 @@ __device__ __forceinline__ void SoftmaxAndV(WarpState<D>& st, float (&s)[4][4],
   }
 }
 
+// A row of the queries in shared memory: the head's channels and 8 floats of padding, so that the
+// eight heads a warp's lanes read at once (one per row group g) fall in different banks.
+template <int D>
+constexpr int kQRowFloats = D + 8;
+
 // The queries of KV head h's group, scaled for exp2, into s_q, then each warp's fragments and
 // sums. quick: 16-byte loads, one lane per 8 channels, and sums from shuffles; `after_load`
 // runs once the queries are in shared memory (the kernel asks for more pages there).
 // Otherwise one element per thread and a loop over s_q for the sums.
 template <int D, bool kSplitRows, bool kInt8Keys, typename AfterLoad>
 __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, int b, int h, int G,
-                                                bool quick, float (&s_q)[kMaxGroup][D],
+                                                bool quick, float (&s_q)[kMaxGroup][kQRowFloats<D>],
                                                 float (&s_sumq)[kMaxGroup], Int2Queries<D>& q,
                                                 AfterLoad after_load) {
+  __shared__ float s_qmax[kWarps];  // kInt8Keys, quick: each warp's largest |q|
   const int lane = threadIdx.x % 32, t = lane & 3;
   const int g = kSplitRows ? (lane >> 2) & 3 : lane >> 2;  // the head of column lane >> 2
   const int t2 = kSplitRows ? (2 * t) & 3 : 2 * t;         // the head of column 2t
@@ -329,7 +335,7 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
   if (quick) {
     constexpr int kLanesPerHead = D / 8;  // each lane takes 8 channels of one head
     const int n = threadIdx.x / kLanesPerHead, d0 = threadIdx.x % kLanesPerHead * 8;
-    float part_q = 0.0f;
+    float part_q = 0.0f, max_q = 0.0f;
     if (n < kMaxGroup) {
       float v[8] = {};
       if (n < G) {
@@ -345,11 +351,16 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
       *reinterpret_cast<float4*>(&s_q[n][d0]) = make_float4(v[0], v[1], v[2], v[3]);
       *reinterpret_cast<float4*>(&s_q[n][d0 + 4]) = make_float4(v[4], v[5], v[6], v[7]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) part_q += v[j];
+      for (int j = 0; j < 8; ++j) part_q += v[j], max_q = fmaxf(max_q, fabsf(v[j]));
     }
 #pragma unroll
     for (int x = 1; x < kLanesPerHead; x <<= 1) part_q += __shfl_xor_sync(0xffffffffu, part_q, x);
     if (n < kMaxGroup && threadIdx.x % kLanesPerHead == 0) s_sumq[n] = part_q;
+    if constexpr (kInt8Keys) {
+#pragma unroll
+      for (int x = 1; x < 32; x <<= 1) max_q = fmaxf(max_q, __shfl_xor_sync(0xffffffffu, max_q, x));
+      if (lane == 0) s_qmax[threadIdx.x / 32] = max_q;
+    }
     __syncthreads();
     after_load();
 #pragma unroll
@@ -368,19 +379,24 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
     after_load();
   }
   if constexpr (kInt8Keys) {
-    // The scale: the group's largest |q| (the lane's channels of head g, then the warp's) to
-    // 127·256.
+    // The scale: the group's largest |q| to 127·256 (from the warps' maxima as the queries came
+    // in; otherwise the lane's channels of head g, then the warp's).
     float mx = 0.0f;
+    if (quick) {
 #pragma unroll
-    for (int wi = 0; wi < D / 64; ++wi) {
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_qmax[w]);
+    } else {
 #pragma unroll
-      for (int qq = 0; qq < 4; ++qq) {
+      for (int wi = 0; wi < D / 64; ++wi) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(s_q[g][KeyByteChannel(wi, qq, j, t)]));
+        for (int qq = 0; qq < 4; ++qq) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(s_q[g][KeyByteChannel(wi, qq, j, t)]));
+        }
       }
-    }
 #pragma unroll
-    for (int x = 1; x < 32; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+      for (int x = 1; x < 32; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+    }
     const float f = mx > 0.0f ? 32512.0f / mx : 1.0f;
     q.kunit = 1.0f / f;
 #pragma unroll
@@ -388,9 +404,13 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
 #pragma unroll
       for (int qq = 0; qq < 4; ++qq) {
         uint32_t hi = 0, lo = 0;
+        // Bytes 0 and 2 are channels c and c + 1, bytes 1 and 3 c + 32 and c + 33.
+        const float2 x02 = *reinterpret_cast<const float2*>(&s_q[g][KeyByteChannel(wi, qq, 0, t)]);
+        const float2 x13 = *reinterpret_cast<const float2*>(&s_q[g][KeyByteChannel(wi, qq, 1, t)]);
+        const float xs[4] = {x02.x, x13.x, x02.y, x13.y};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float x = s_q[g][KeyByteChannel(wi, qq, j, t)] * f * ((qq & 1) ? 0.25f : 1.0f);
+          const float x = xs[j] * f * ((qq & 1) ? 0.25f : 1.0f);
           const int h8 = max(-127, min(127, __float2int_rn(x * (1.0f / 256.0f))));
           const int l8 = max(-128, min(127, __float2int_rn(x - 256.0f * h8)));
           hi |= (static_cast<uint32_t>(h8) & 0xffu) << (8 * j);
@@ -564,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   __shared__ uint64_t s_bar[kWarps][kInt2Stages];
   __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
-  __shared__ float s_q[kMaxGroup][D];
+  __shared__ alignas(16) float s_q[kMaxGroup][kQRowFloats<D>];
   __shared__ float s_sumq[kMaxGroup];
   // After the page loop the staging area holds the warps' outputs.
   float(*s_o)[kMaxGroup][D] = reinterpret_cast<float(*)[kMaxGroup][D]>(s_stage);
