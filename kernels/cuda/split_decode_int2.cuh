@@ -14,6 +14,7 @@
 #include "kernels/cuda/split_decode.h"
 #include "kernels/cuda/split_decode_bf16.cuh"
 #include "kernels/cuda/split_decode_common.cuh"
+#include "kernels/int2_key_bytes.h"
 
 namespace kvstrata::kernels {
 namespace {
@@ -44,20 +45,13 @@ constexpr float kCodeUnitInv = 16777216.0f;  // 2^24
 // masks on w >> 4 the two upper pairs of bits: four masks and a shift for a word's 16 codes,
 // where fp16 pairs take eight masks. The bytes of one register are four channels of one token
 // (KCodeBit's layout), none of them consecutive; the product does not mind the k order as long
-// as Q's fragments follow it (KeyByteChannel). Q is scaled so that its largest |q| is 127·256,
+// as Q's fragments follow it (KCodeByteChannel). Q is scaled so that its largest |q| is 127·256,
 // divided by 4 where its codes carry the weight 4, and split into 8-bit integers hi·256 + lo:
 // two integer products a tile, exact in 32-bit accumulators, joined as hi·256 + lo before one
 // conversion to float. Q's error is then about 2^-15 of the group's largest value, where fp16
 // rounds each value to 11 bits. (e4m3 operands would take the codes the same way, bytes 0..15
 // being n·2^-9, but mma.sync with e4m3 runs as fp16 on sm_90: docs/data/sass-fp8-keys/.)
 constexpr uint32_t kByteLowCodes = 0x03030303u, kByteHighCodes = 0x0C0C0C0Cu;
-
-// The channel whose code sits in byte j, bit pair qq (0..3: bits 2qq, 2qq + 1 of the byte) of
-// word wi (0 .. D/64 - 1) of a token's K words read by lane t: KCodeBit inverted.
-__device__ __forceinline__ int KeyByteChannel(int wi, int qq, int j, int t) {
-  const int pair = 4 * (j & 1) + qq, elem = j >> 1;
-  return 16 * (4 * wi + pair / 2) + 8 * (pair % 2) + 2 * t + elem;
-}
 
 // 1 / 4^j for the weight of pair p: an exact power of two, built from its exponent bits.
 __device__ __forceinline__ float PairWeightInv(int p) {
@@ -142,7 +136,7 @@ template <int D>
 struct Int2Queries {
   uint32_t bq[D / 16][2];  // B fragments of Q' (dims 16s+2t, +1 | 16s+2t+8, +9 ; column g)
   // With int8 keys instead: B fragments of Q as 8-bit integers, [word][mask pair m][b0 | b1]
-  // [hi | lo]: the channels of bit pairs 2m and 2m + 1 (KeyByteChannel), column g.
+  // [hi | lo]: the channels of bit pairs 2m and 2m + 1 (KCodeByteChannel), column g.
   uint32_t bk[D / 64][2][2][2];
   float sumq[2];  // Σq of columns 2t and 2t+1
   float kunit;    // what undoes the K codes' unit (and Q's int8 scale): S = scale·kunit·R + ...
@@ -158,7 +152,7 @@ struct Int2Queries {
 // (g, t) keeps only the tile's row g (t < 2) or row g + 8 (t >= 2, `upper`), in s[i][0..1];
 // otherwise s[i][2 * half + col] holds row g + 8·half.
 //
-// kInt8Keys: the codes four at a time on integer tensor cores (KeyByteChannel).
+// kInt8Keys: the codes four at a time on integer tensor cores (KCodeByteChannel).
 template <int D, bool kSplitRows, bool kInt8Keys>
 __device__ __forceinline__ void KScores(float (&s)[4][4], const PageRegs<D>& r,
                                         const Int2Queries<D>& q, const float (&ref)[2],
@@ -391,7 +385,7 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
 #pragma unroll
         for (int qq = 0; qq < 4; ++qq) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(s_q[g][KeyByteChannel(wi, qq, j, t)]));
+          for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(s_q[g][KCodeByteChannel(wi, qq, j, t)]));
         }
       }
 #pragma unroll
@@ -405,8 +399,10 @@ __device__ __forceinline__ void LoadInt2Queries(const SplitDecodeCudaParams& p, 
       for (int qq = 0; qq < 4; ++qq) {
         uint32_t hi = 0, lo = 0;
         // Bytes 0 and 2 are channels c and c + 1, bytes 1 and 3 c + 32 and c + 33.
-        const float2 x02 = *reinterpret_cast<const float2*>(&s_q[g][KeyByteChannel(wi, qq, 0, t)]);
-        const float2 x13 = *reinterpret_cast<const float2*>(&s_q[g][KeyByteChannel(wi, qq, 1, t)]);
+        const float2 x02 =
+            *reinterpret_cast<const float2*>(&s_q[g][KCodeByteChannel(wi, qq, 0, t)]);
+        const float2 x13 =
+            *reinterpret_cast<const float2*>(&s_q[g][KCodeByteChannel(wi, qq, 1, t)]);
         const float xs[4] = {x02.x, x13.x, x02.y, x13.y};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/int2_key_bytes.h"
+
 namespace kvstrata::kernels {
 namespace {
 
@@ -30,6 +32,31 @@ TEST(Layout, CodeBitsAreABijectionOntoTheCodeArea) {
         v_seen[bit] = true;
       }
     }
+  }
+}
+
+// The integer keys' byte order (kernels/int2_key_bytes.h): byte j, bit pair qq of lane t's word
+// wi is the channel whose KCodeBit is there, and the positions cover every channel once.
+TEST(Layout, KeyBytesInvertKCodeBit) {
+  for (int d : {64, 128}) {
+    std::vector<bool> seen(d, false);
+    for (int t = 0; t < 4; ++t) {
+      for (int wi = 0; wi < d / 64; ++wi) {
+        for (int qq = 0; qq < 4; ++qq) {
+          for (int j = 0; j < 4; ++j) {
+            const int c = KCodeByteChannel(wi, qq, j, t);
+            ASSERT_GE(c, 0);
+            ASSERT_LT(c, d);
+            EXPECT_EQ(KCodeBit(c, d), 32 * (t * (d / 64) + wi) + 8 * j + 2 * qq)
+                << "head_dim " << d << " lane " << t << " word " << wi << " pair " << qq << " byte "
+                << j;
+            EXPECT_FALSE(seen[c]) << "channel " << c;
+            seen[c] = true;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), d);
   }
 }
 
