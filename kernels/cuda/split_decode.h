@@ -75,10 +75,10 @@ struct SplitDecodeVariant {
   // INT2 history, page ranges of at least this many pages: the keys' product on integer tensor
   // cores, four codes a logic op where fp16 pairs take two (kernels/cuda/split_decode_int2.cuh),
   // Q as two 8-bit integers (within about 2^-15 of its largest value, where fp16 keeps 11 bits of
-  // each). Measured on one H200 (docs/benchmarks/attention.md, round 10): 4-8 % faster per layer
-  // at batch 8-32 from 32K, where ranges are long; 9-16 % slower at batch 1 / 8K-32K, whose few
-  // pages a warp do not repay the longer start (Q's integer fragments). 0: any range; a number
-  // above any range: never (fp16 pairs).
+  // each). Measured on one H200 (docs/benchmarks/attention.md, round 10): 4-10 % faster per
+  // layer at batch 8-32 from 32K and 3 % at batch 1 / 128K (43 pages a range), the same at 21
+  // pages and 4 % slower at 12, whose few pages a warp do not repay the longer start (Q's
+  // integer fragments). 0: any range; a number above any range: never (fp16 pairs).
   int int2_int8_keys_min_pages = 32;
   // For benchmarks only: the INT2 history kernel streams its pages through its stages and does
   // no math, so the output is wrong (empty history partials). What the page reads alone cost.
