@@ -20,6 +20,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;
+// Float4s of each normed row a thread of the normed GEMVs holds in registers: rows of up to
+// 4,096 values with RmsNormTo's 256 threads, all of a thread's loads in flight at once. The
+// paired kernel at two rows, held to 64 registers, holds one (with two, it spilled more into
+// its streaming loop and its 2-token steps were 0.5 % slower end to end).
+template <int R, bool kPaired>
+inline constexpr int kNormHeld = R > 1 && kPaired ? 1 : 4;
 
 template <typename T>
 __device__ __forceinline__ void ToFloat8(const uint4& v, float (&f)[8]);
@@ -261,15 +267,39 @@ __global__ void __launch_bounds__(kThreads, kPaired ? 4 : 0)  // paired: still f
   }
   ptx::LaunchDependents();  // the GEMV after this one may start streaming its weights
   ptx::GridDependencyWait();
-  // Σx² per row: thread t sums float4s t, t + norm_threads, ... as RmsNormToVec4Kernel does.
+  // Σx² per row in RmsNormToVec4Kernel's order (thread t < nt sums float4s t, t + nt, ...),
+  // every load of a thread's x and norm weights asked for before its first sum: one trip to L2
+  // where a loop of dependent loads took one per float4. The same threads then write the normed
+  // values of the float4s they hold; a row longer than kNormHeld float4s a thread finishes from
+  // a loop.
   const int n4 = in / 4;
   const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* nw4 = reinterpret_cast<const float4*>(norm_weight);
   const int nt = norm_threads <= kThreads ? norm_threads : kThreads;
+  const bool norms = threadIdx.x < nt;
+  // At one row, x and the norm weights stay in registers until the rows are normed; at two,
+  // those registers would spill the streaming loop's, so x is read again from L1 there.
+  constexpr bool kHeldToNorm = R == 1;
+  float4 xv[R][kNormHeld<R, kPaired>], gv[kNormHeld<R, kPaired>];
+#pragma unroll
+  for (int k = 0; k < kNormHeld<R, kPaired>; ++k) {
+    const int i = threadIdx.x + k * nt;
+    const bool held = norms && i < n4;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int r = 0; r < R; ++r) xv[r][k] = held ? __ldg(x4 + int64_t{r} * n4 + i) : zero;
+    if constexpr (kHeldToNorm) gv[k] = held ? __ldg(nw4 + i) : zero;
+  }
   float ss[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     ss[r] = 0.0f;
-    for (int i = threadIdx.x; threadIdx.x < nt && i < n4; i += nt) {
+#pragma unroll
+    for (int k = 0; k < kNormHeld<R, kPaired>; ++k) {
+      const float4 v = xv[r][k];  // zeros past the row: ss unchanged
+      ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    for (int i = threadIdx.x + kNormHeld<R, kPaired> * nt; norms && i < n4; i += nt) {
       const float4 v = __ldg(x4 + int64_t{r} * n4 + i);
       ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
@@ -286,17 +316,28 @@ __global__ void __launch_bounds__(kThreads, kPaired ? 4 : 0)  // paired: still f
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     inv[r] = rsqrtf(v / in + eps);
   }
-  // The normed rows, rounded to T, four values per thread and step.
+  // The normed rows, rounded to T, four values per thread and float4.
   uint2* s_x2 = reinterpret_cast<uint2*>(s_x);
-  const float4* nw4 = reinterpret_cast<const float4*>(norm_weight);
+  T* tag = nullptr;
+  auto normed = [&](const float4& v, const float4& g, float s) {
+    const uint32_t lo = ToBits(v.x * s * g.x, tag) | uint32_t{ToBits(v.y * s * g.y, tag)} << 16;
+    const uint32_t hi = ToBits(v.z * s * g.z, tag) | uint32_t{ToBits(v.w * s * g.w, tag)} << 16;
+    return make_uint2(lo, hi);
+  };
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    for (int i = threadIdx.x; i < n4; i += kThreads) {
-      const float4 v = __ldg(x4 + int64_t{r} * n4 + i), g = __ldg(nw4 + i);
-      T* tag = nullptr;
-      const uint32_t lo = ToBits(v.x * inv[r] * g.x, tag) | uint32_t{ToBits(v.y * inv[r] * g.y, tag)} << 16;
-      const uint32_t hi = ToBits(v.z * inv[r] * g.z, tag) | uint32_t{ToBits(v.w * inv[r] * g.w, tag)} << 16;
-      s_x2[r * n4 + i] = make_uint2(lo, hi);
+#pragma unroll
+    for (int k = 0; k < kNormHeld<R, kPaired>; ++k) {
+      const int i = threadIdx.x + k * nt;
+      if (!(norms && i < n4)) continue;
+      if constexpr (kHeldToNorm) {
+        s_x2[r * n4 + i] = normed(xv[r][k], gv[k], inv[r]);
+      } else {  // x again, from L1 (a plain load: not merged with the first pass's)
+        s_x2[r * n4 + i] = normed(x4[int64_t{r} * n4 + i], __ldg(nw4 + i), inv[r]);
+      }
+    }
+    for (int i = threadIdx.x + kNormHeld<R, kPaired> * nt; norms && i < n4; i += nt) {
+      s_x2[r * n4 + i] = normed(__ldg(x4 + int64_t{r} * n4 + i), __ldg(nw4 + i), inv[r]);
     }
   }
   __syncthreads();
