@@ -101,6 +101,10 @@ ABSL_FLAG(bool, gpu_int2_int8_keys, true,
           "the INT2 history's keys multiplied on integer tensor cores in page ranges of 32 "
           "pages or more (Q as two 8-bit integers); false: fp16 pairs everywhere; "
           "EngineOptions::gpu_int2_int8_keys");
+ABSL_FLAG(bool, gpu_launch_ahead_at_batch_1, true,
+          "in decode passes of one sequence, the per-head launch, attention's INT2 history and "
+          "its merge let the launch after them begin at their start; "
+          "EngineOptions::gpu_launch_ahead_at_batch_1");
 ABSL_FLAG(bool, gpu_fused_layer_ops, true,
           "one GEMM for q/k/v and one for gate/up per layer, the per-head steps in one launch "
           "(false: a launch per step); EngineOptions::gpu_fused_layer_ops");
@@ -510,6 +514,7 @@ int Main() {
     o.gpu_window_pages_per_cta = absl::GetFlag(FLAGS_gpu_window_pages_per_cta);
     o.gpu_merge_early_loads = absl::GetFlag(FLAGS_gpu_merge_early_loads);
     o.gpu_int2_int8_keys = absl::GetFlag(FLAGS_gpu_int2_int8_keys);
+    o.gpu_launch_ahead_at_batch_1 = absl::GetFlag(FLAGS_gpu_launch_ahead_at_batch_1);
     o.gpu_fused_kv_writes = absl::GetFlag(FLAGS_gpu_fused_kv_writes);
     o.gpu_sampling = true;
     o.kv_cache.format = format;

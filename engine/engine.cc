@@ -338,6 +338,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     cuda.merge_early_loads = options.gpu_merge_early_loads;
     cuda.int2_int8_keys = options.gpu_int2_int8_keys;
     cuda.fused_kv_writes = options.gpu_fused_kv_writes;
+    cuda.launch_ahead_at_batch_1 = options.gpu_launch_ahead_at_batch_1;
     cuda.device_sampling = options.gpu_sampling;
     cuda.max_step_tokens = options.scheduler.max_step_tokens;
     cuda.max_items = options.scheduler.max_running;

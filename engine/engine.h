@@ -125,6 +125,13 @@ struct EngineOptions {
   // ranges are long (32 pages or more), four codes a logic op, Q as two 8-bit integers
   // (kernels::SplitDecodeVariant::int2_int8_keys_min_pages); false: fp16 pairs everywhere.
   bool gpu_int2_int8_keys = true;
+  // cuda: in decode passes of one sequence, the per-head launch, attention's INT2 history and its
+  // merge let the launch after them begin at their start instead of once they have waited
+  // (kernels::QkvHeadsParams and kernels::SplitDecodeVariant::dependents_at_start): attention's
+  // CTAs take the multiprocessors the q/k/v GEMV leaves as it ends and ask for pages then, and
+  // Wo's GEMV asks for its first weights while attention ends (~1-2 % off an 8B step at batch 1;
+  // at batch 2 it cost ~1 %, so it is not used there). The same results; false: as before.
+  bool gpu_launch_ahead_at_batch_1 = true;
   // cuda: decode steps write the cache in fewer launches: with identity rotations, each layer's
   // per-head launch (biases, q/k norms, RoPE) writes the new K/V rows into their BF16 pages and
   // the queries in attention's BF16 operand itself (no append or query-gather launch); and

@@ -67,6 +67,9 @@ struct CudaBackendOptions {
   bool int2_int8_keys = true;
   // Decode steps write the cache in fewer launches (EngineOptions::gpu_fused_kv_writes).
   bool fused_kv_writes = true;
+  // In decode passes of one sequence, the per-head launch, attention's INT2 history and its merge
+  // let the launch after them begin at their start (EngineOptions::gpu_launch_ahead_at_batch_1).
+  bool launch_ahead_at_batch_1 = true;
 };
 
 // What a device is, for logs: "cuda:0 (NVIDIA H200, 139 GiB, compute 9.0)"; Unavailable when there

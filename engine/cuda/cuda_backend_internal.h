@@ -215,6 +215,10 @@ class CudaBackend final : public Backend {
   // queries themselves (CudaBackendOptions::fused_kv_writes): a decode pass with identity
   // rotations whose demotion, if any, came at its start.
   bool HeadsWriteCache(const Plan& plan) const;
+  // Whether the per-head launch (when it writes the cache), attention's INT2 history and its
+  // merge let the launch after them begin at their start (CudaBackendOptions::
+  // launch_ahead_at_batch_1): a decode pass of one sequence, with early launches.
+  bool LaunchAhead(const Plan& plan) const;
   // q_, k_, v_ from hn_ (or RMSNorm(x_) when norm_in_gemv): the projections, their biases,
   // q/k norms and RoPE; with write_cache (HeadsWriteCache), K/V into the layer's pages and q
   // into decode_q_half_ instead.

@@ -42,6 +42,11 @@ bool CudaBackend::DemoteAtPassStart(const Plan& plan) const {
          plan.DecodeOnly();
 }
 
+bool CudaBackend::LaunchAhead(const Plan& plan) const {
+  return options_.launch_ahead_at_batch_1 && options_.early_launches && plan.decode_items == 1 &&
+         plan.DecodeOnly();
+}
+
 bool CudaBackend::HeadsWriteCache(const Plan& plan) const {
   return options_.fused_kv_writes && options_.fused_layer_ops && rot_.identity &&
          plan.DecodeOnly() && (plan.demote_pages == 0 || DemoteAtPassStart(plan));
@@ -343,6 +348,8 @@ absl::Status CudaBackend::AttentionInputs(const LayerDeviceWeights& w, int T, bo
       p.q_bf16 = decode_q_half_.as<uint16_t>();
     }
     p.overlap_previous = options_.early_launches;
+    // The launch after it is attention's when the per-head launch writes the cache.
+    p.dependents_at_start = write_cache && LaunchAhead(plan);
     KV_CUDA_RETURN_IF_ERROR(kernels::SplitQkvHeads(p, stream_), "SplitQkvHeads");
     return absl::OkStatus();
   }

@@ -256,9 +256,11 @@ absl::Status CudaBackend::PlanDecodeAttention(const HostPlan& h, Plan* plan) con
   }
   d.out = decode_out_.as<float>();
   d.lse = nullptr;
-  plan->decode_plan = kernels::PlanSplitDecode(
-      plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim, h.max_history, h.max_window_pages,
-      num_sms_, decode_ctas_per_sm_, encodings[1], AttentionVariant());
+  kernels::SplitDecodeVariant variant = AttentionVariant();
+  variant.dependents_at_start = LaunchAhead(*plan);
+  plan->decode_plan = kernels::PlanSplitDecode(plan->decode_items, cfg_.num_kv_heads, cfg_.head_dim,
+                                               h.max_history, h.max_window_pages, num_sms_,
+                                               decode_ctas_per_sm_, encodings[1], variant);
   if (plan->decode_plan.workspace_bytes > max_split_workspace_) {
     return absl::InternalError("split decode workspace too small for this batch");
   }

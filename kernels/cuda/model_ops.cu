@@ -198,8 +198,9 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, int 
 // l + 32 j, so RoPE's (i, i + D / 2) pairs sit in one lane and (2i, 2i + 1) in lanes l, l ^ 1.
 template <int J>  // head_dim / 32
 __global__ void SplitQkvHeadsKernel(QkvHeadsParams p) {
+  if (p.dependents_at_start) ptx::LaunchDependents();
   ptx::GridDependencyWait();  // launched early (overlap_previous): qkv is the kernel before's
-  ptx::LaunchDependents();
+  if (!p.dependents_at_start) ptx::LaunchDependents();
   constexpr int D = 32 * J;
   const int heads = p.q_heads + 2 * p.kv_heads;
   const int64_t row = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;

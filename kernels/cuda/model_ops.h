@@ -87,6 +87,10 @@ struct QkvHeadsParams {
   // Launched as a programmatic dependent of the kernel before it (kernels/cuda/launch.cuh): the
   // launch overlaps that kernel's end; the kernel waits for it before touching memory.
   bool overlap_previous = false;
+  // The launch after this one (attention, launched as its programmatic dependent) may begin
+  // before this kernel waits for the one before, so its CTAs take the multiprocessors the
+  // q/k/v GEMV leaves as it ends and ask for their first pages then; false: once it has waited.
+  bool dependents_at_start = false;
 };
 // cudaErrorInvalidValue for one of q_norm / k_norm without the other, a head_dim other than
 // 64, 128 or 256, or bf16_pool without slot and row.

@@ -113,13 +113,16 @@ constexpr int kMergeEarlyLoads = 16;
 
 template <int D, int kMergeHeld>
 __global__ void __launch_bounds__(kThreads)
-    MergeParallelKernel(SplitDecodeCudaParams p, Workspace ws) {
+    MergeParallelKernel(SplitDecodeCudaParams p, Workspace ws, bool dependents_at_start) {
   extern __shared__ float s_w[];  // [ws.slots]
   constexpr int kLanesPerRow = D / 4, kGroups = kThreads / kLanesPerRow;
   __shared__ float s_red[kWarps];
   __shared__ float4 s_acc[kGroups][kLanesPerRow];
+  // The kernel after it (launched early) may launch, before or after the partials are in
+  // (SplitDecodeVariant::dependents_at_start).
+  if (dependents_at_start) ptx::LaunchDependents();
   ptx::GridDependencyWait();  // the partials (a no-op unless launched early)
-  ptx::LaunchDependents();    // the row scatter after it (launched early) may launch
+  if (!dependents_at_start) ptx::LaunchDependents();
   const int b = blockIdx.x / p.num_q_heads, hq = blockIdx.x % p.num_q_heads;
   const int G = p.num_q_heads / p.geometry.num_kv_heads;
   const int h = hq / G, n = hq % G;
@@ -445,6 +448,7 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
   const dim3 history_grid(window_ctas + plan.splits, g.num_kv_heads, p.batch);
   const dim3 window_grid(plan.window_pages, g.num_kv_heads, p.batch);
   const bool early = v.early_launch;
+  const bool ahead = early && v.dependents_at_start;
   const int pps = plan.pages_per_split;
   const unsigned merge_ctas = static_cast<unsigned>(p.batch * p.num_q_heads);
   return KV_DISPATCH_HEAD_DIM(g.head_dim, D, {
@@ -464,7 +468,8 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     } else {
       e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream,
                        Int2Kernel<D>(v, p.num_q_heads / g.num_kv_heads, pps), p, pps, window_ctas,
-                       ws, v.int2_quick_start, early, v.int2_slots_ahead);
+                       ws, v.int2_quick_start, early, v.int2_slots_ahead,
+                       early && v.dependents_at_start);
     }
     if (e != cudaSuccess) return e;
     if (window_ctas == 0) {
@@ -477,9 +482,9 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     if (v.parallel_merge) {
       e = v.merge_early_loads
               ? LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float),
-                             stream, MergeParallelKernel<D, kMergeEarlyLoads>, p, ws)
+                             stream, MergeParallelKernel<D, kMergeEarlyLoads>, p, ws, ahead)
               : LaunchKernel(early, dim3(merge_ctas), dim3(kThreads), ws.slots * sizeof(float),
-                             stream, MergeParallelKernel<D, 0>, p, ws);
+                             stream, MergeParallelKernel<D, 0>, p, ws, ahead);
     } else {
       e = LaunchKernel(early, dim3(merge_ctas), dim3(D), 0, stream, MergeKernel<D>, p, ws);
     }

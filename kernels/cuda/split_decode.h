@@ -98,6 +98,12 @@ struct SplitDecodeVariant {
   // guarantees that the kernel just before writes no page this launch reads (in the engine it
   // is the query gather; the pages were written by launches before that one).
   bool early_launch = false;
+  // With early_launch, the INT2 history kernel lets the merge launch at its start, and the merge
+  // the kernel after it, rather than once their pages (partials) are done: those launches' CTAs
+  // then take the multiprocessors the ones before leave as they end, and a GEMV after the merge
+  // asks for its first weights then (launch.cuh: each still waits for the kernel before's end).
+  // Measured end to end (docs/benchmarks/engine-gpu.md): faster at batch 1, slower at 2.
+  bool dependents_at_start = false;
   // Codec history (kernels/cuda/split_decode_codec.cuh): per page, each region's levels times
   // its page ratio go into tables once, rows are decoded by lookups alone, and the rows' scales
   // multiply the scores and the probabilities (false: every value scaled in fp32 as decoded).

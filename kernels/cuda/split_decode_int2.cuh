@@ -556,7 +556,7 @@ __device__ __forceinline__ void WriteInt2Partial(WarpState<D>& st, float (*s_o)[
 template <int D, Int2Flow kFlow, bool kSplitRows, bool kInt8Keys = false>
 __global__ void __launch_bounds__(kThreads, 3)
     Int2HistoryKernel(SplitDecodeCudaParams p, int pages_per_split, int window_ctas, Workspace ws,
-                      bool quick_start, bool early, bool slots_ahead) {
+                      bool quick_start, bool early, bool slots_ahead, bool dependents_at_start) {
   const int h = blockIdx.y, b = blockIdx.z;
   // The staging area: INT2 pages in flight, or a window CTA's BF16 page (one at a time: two
   // need more shared memory than the INT2 pages, and were slower end to end,
@@ -627,6 +627,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     for (int i = 0; i < first_burst; ++i) issue(i);
   }
+  if (dependents_at_start) ptx::LaunchDependents();  // the merge may launch (and wait for us)
   ptx::GridDependencyWait();
 
   Int2Queries<D> q;
@@ -657,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     release(i);
   };
   RunInt2Pages<D, kFlow, kSplitRows, kInt8Keys>(st, my_pages, q, load, wait, release);
-  ptx::LaunchDependents();  // the merge may launch (it waits for this kernel's end)
+  if (!dependents_at_start) ptx::LaunchDependents();  // the merge may launch (it waits for us)
   WriteInt2Partial<D, kSplitRows>(st, s_o, s_m, s_l, G,
                                   PartialRow(ws, b, geo.num_kv_heads, h, ws.window + split), ws);
 }

@@ -395,6 +395,26 @@ TEST_P(CudaEngineTest, FusedKvWritesDecodeAsSeparateLaunches) {
   }
 }
 
+// In a pass of one sequence, the per-head launch, attention's history and its merge letting the
+// launch after them begin at their start (EngineOptions::gpu_launch_ahead_at_batch_1) change
+// only when work starts, never what it reads: the same tokens and logprobs, bit for bit, through
+// demotions and graph replays.
+TEST_P(CudaEngineTest, LaunchingAheadDecodesAsBefore) {
+  const std::string text = Licence("LGPL-2.1").substr(0, 1500);
+  auto tweak = [](bool ahead) {
+    return [ahead](EngineOptions& o) { o.gpu_launch_ahead_at_batch_1 = ahead; };
+  };
+  std::unique_ptr<Engine> ahead =
+      Make(true, GpuWeights::kAuto, true, true, false, std::nullopt, true, tweak(true));
+  std::unique_ptr<Engine> before =
+      Make(true, GpuWeights::kAuto, true, true, false, std::nullopt, true, tweak(false));
+  ASSERT_TRUE(ahead && before);
+  const Generated a = DecodeTogether(*ahead, {text}, 200), b = DecodeTogether(*before, {text}, 200);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].size(), 200u);
+  EXPECT_EQ(a, b);
+}
+
 // One GEMM for q/k/v and one for gate/up with the per-head steps in one launch compute what a
 // launch per step does. With bf16 weights every product is the same (cuBLAS and the GEMV sum
 // each output alike at any width): the same logits, bit for bit, and the same greedy tokens.
