@@ -118,7 +118,7 @@ case $step in
     # indices into its kInt2Steps), then Nsight Compute's counts for each at batch 1 and 32 /
     # 128K (instructions, issue rate, resident warps, DRAM), one variant per profiled run.
     source "$work/device/env.sh"
-    steps=${KVSTRATA_INT2_STEPS:-6,9}  # a CTA per window page, and the default
+    steps=${KVSTRATA_INT2_STEPS:-17,18}  # the default, not launched early and launched early
     bf16=()  # KVSTRATA_BF16_STEPS: BF16 history steps to run beside them (none by default)
     [[ -n ${KVSTRATA_BF16_STEPS:-} ]] && bf16=(--bf16_steps "$KVSTRATA_BF16_STEPS")
     kvstrata_bench_attention --formats "int2${bf16:+,bf16}" --int2_steps "$steps" "${bf16[@]}" \
