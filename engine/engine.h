@@ -129,7 +129,7 @@ struct EngineOptions {
   // merge let the launch after them begin at their start instead of once they have waited
   // (kernels::QkvHeadsParams and kernels::SplitDecodeVariant::dependents_at_start): attention's
   // CTAs take the multiprocessors the q/k/v GEMV leaves as it ends and ask for pages then, and
-  // Wo's GEMV asks for its first weights while attention ends (~1-2 % off an 8B step at batch 1;
+  // Wo's GEMV asks for its first weights while attention ends (1-3 % off an 8B step at batch 1;
   // at batch 2 it cost ~1 %, so it is not used there). The same results; false: as before.
   bool gpu_launch_ahead_at_batch_1 = true;
   // cuda: decode steps write the cache in fewer launches: with identity rotations, each layer's
