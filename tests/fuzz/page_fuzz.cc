@@ -15,9 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!page.ok()) return 0;
   const KvGeometry& g = page->geometry;
   FUZZ_CHECK(CheckPageMatches(*page, g, page->encoding, page->key()).ok());
-  if (page->encoding == PageEncoding::kCodec) {
-    // Laid out by its codec, which only its engine knows: sized within the header's bounds, and
-    // never decoded without the codec.
+  if (kernels::IsCodec(page->encoding)) {
+    // Laid out by its codec (either codec encoding), which only its engine knows: sized within
+    // the header's bounds, and never decoded without the codec.
     FUZZ_CHECK(size % 16 == 0 && static_cast<int64_t>(size) <=
                                       kernels::PageBytes(g, PageEncoding::kBf16));
     std::vector<float> none;
