@@ -468,8 +468,7 @@ cudaError_t LaunchSplitDecode(const SplitDecodeCudaParams& p, const SplitDecodeP
     } else {
       e = LaunchKernel(early, history_grid, dim3(kThreads), 0, stream,
                        Int2Kernel<D>(v, p.num_q_heads / g.num_kv_heads, pps), p, pps, window_ctas,
-                       ws, v.int2_quick_start, early, v.int2_slots_ahead,
-                       early && v.dependents_at_start);
+                       ws, v.int2_quick_start, early, v.int2_slots_ahead, ahead);
     }
     if (e != cudaSuccess) return e;
     if (window_ctas == 0) {
